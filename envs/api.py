@@ -1,0 +1,111 @@
+"""The contract between vectorized multi-agent envs and the scripts in `algos/`.
+
+Every backend (PettingZoo sync/subprocess, the Numba MPE) returns these types, so a script never
+sees a PettingZoo dict. Arrays are batched over envs first: E envs, A agents of a group.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """A set of agents with identical spaces and the same role (`agent`, `adversary`, `red`, ...)."""
+
+    name: str
+    agents: tuple[str, ...]  # the env's agent ids, in the fixed order of the A axis
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    discrete: bool
+    action_dim: int  # number of actions (discrete) or size of the action vector (continuous)
+    action_low: np.ndarray | None = None  # continuous only: bounds per action component
+    action_high: np.ndarray | None = None
+    has_action_mask: bool = False
+
+    @property
+    def n_agents(self) -> int:
+        return len(self.agents)
+
+
+@dataclass
+class Observation:
+    """What the policy sees at one step, for every env.
+
+    obs[g]            (E, A, *obs_shape)  zeros for dead agents
+    state             (E, *state_shape)   the env's own `state()`, else the concatenated observations
+    agent_mask[g]     (E, A) bool         alive at this step
+    avail_actions[g]  (E, A, n) bool      only for groups whose env supplies action masks
+    """
+
+    obs: dict[str, np.ndarray]
+    state: np.ndarray
+    agent_mask: dict[str, np.ndarray]
+    avail_actions: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeStats:
+    """One finished episode of env `env_index`: per-group return (mean over the group's agents of each
+    agent's summed reward), `episode_return` (mean over all agents), and length in steps."""
+
+    env_index: int
+    group_returns: dict[str, float]
+    episode_return: float
+    length: int
+
+
+@dataclass
+class StepResult:
+    """The outcome of one `step(actions)` of every env.
+
+    next             Observation to act on next: for a finished env, the first of its next episode
+    rewards[g]       (E, A) float32
+    terminated[g]    (E, A) bool   the agent's episode truly ended (no bootstrap)
+    truncated        (E,)   bool   the env hit its time limit (bootstrap from `final`)
+    done             (E,)   bool   the env finished an episode this step and was reset
+    final            Observation reached by this step *before* any reset: equal to `next` for envs
+                     that did not finish; for finished envs, their last observation/state (for bootstrapping)
+    episodes         the episodes that finished this step
+    """
+
+    next: Observation
+    rewards: dict[str, np.ndarray]
+    terminated: dict[str, np.ndarray]
+    truncated: np.ndarray
+    done: np.ndarray
+    final: Observation
+    episodes: list[EpisodeStats]
+
+
+class VecEnv:
+    """What every `envs.make(...)` result provides (backends subclass this; it holds no logic).
+
+    groups       dict[str, GroupSpec], in a fixed order (the env's agent order)
+    num_envs     E
+    state_shape  shape of `Observation.state` per env
+    max_steps    the episode time limit (e.g. mpe2's max_cycles), or None when there is none
+
+    reset(seed=None) -> Observation     env i is seeded with seed + i (seed=None: the seed given to make)
+    step(actions)    -> StepResult      actions[g]: (E, A) int64 for discrete groups, (E, A, d) float32
+                                        for continuous ones; actions of dead agents are ignored
+    render(env_index=0) -> (H, W, 3) uint8 frame of one env
+    close()
+    """
+
+    groups: dict[str, GroupSpec]
+    num_envs: int
+    state_shape: tuple[int, ...]
+    max_steps: int | None
+
+    def reset(self, seed: int | None = None) -> Observation:
+        raise NotImplementedError
+
+    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        raise NotImplementedError
+
+    def render(self, env_index: int = 0) -> np.ndarray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
