@@ -14,5 +14,22 @@ except ImportError as e:  # no silent fallback to a slow tree
     ) from e
 
 from buffers import kernels, reference
+from buffers.episode import EpisodeReplayBuffer
+from buffers.replay import Priorities, PrioritizedReplayBuffer, ReplayBuffer
+from buffers.rollout import RolloutBuffer
+from buffers.schema import BufferError, Schema, to_torch
 
-__all__ = ["kernels", "reference", "SumTree", "MinTree"]
+__all__ = [
+    "kernels",
+    "reference",
+    "SumTree",
+    "MinTree",
+    "BufferError",
+    "Schema",
+    "to_torch",
+    "RolloutBuffer",
+    "ReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "Priorities",
+    "EpisodeReplayBuffer",
+]

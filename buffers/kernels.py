@@ -155,8 +155,14 @@ def nstep_returns(rewards, terminated, episode_end, gamma, n):
         raise ValueError(f"n={n} must be a positive integer")
     s = rewards.shape
     out = np.empty_like(rewards), np.empty_like(rewards), np.empty(s, dtype=np.int64)
-    _nstep_returns(rewards, _flags("terminated", terminated, s), _flags("episode_end", episode_end, s),
-                   float(gamma), int(n), *out)
+    _nstep_returns(
+        rewards,
+        _flags("terminated", terminated, s),
+        _flags("episode_end", episode_end, s),
+        float(gamma),
+        int(n),
+        *out,
+    )
     return out
 
 

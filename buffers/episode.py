@@ -1,0 +1,113 @@
+"""Whole-episode replay for recurrent learners (QMIX, VDN, DRQN, recurrent MAPPO).
+
+Each env writes its running episode into its own staging row; `finish(env_ids, **final)` closes the
+episodes of the given envs (which may end at different steps) and moves them into the ring of stored
+episodes, padded with zeros to `max_len`. Row `len` of an episode holds the final observation (what
+comes after the last step), so a stored episode has ``max_len + 1`` rows and ``filled`` marks the
+``len`` real steps.
+"""
+
+import numpy as np
+
+from buffers.replay import Priorities
+from buffers.schema import BufferError, Schema
+
+__all__ = ["EpisodeReplayBuffer"]
+
+
+class EpisodeReplayBuffer:
+    """A ring of `capacity` episodes of at most `max_len` steps each, from `num_envs` envs.
+
+    Uniform sampling by default; ``alpha`` switches to proportional prioritized sampling of episodes
+    (then ``sample(..., beta=)`` returns ``weights`` and ``update_priorities`` takes per-episode errors).
+    """
+
+    def __init__(self, capacity, max_len, num_envs, fields, alpha=None):
+        if capacity < 1 or max_len < 1 or num_envs < 1:
+            raise BufferError(f"capacity={capacity}, max_len={max_len}, num_envs={num_envs} must be >= 1")
+        self.capacity, self.max_len, self.num_envs = int(capacity), int(max_len), int(num_envs)
+        self.schema = Schema(fields)
+        rows = self.max_len + 1  # the steps, then the final observation
+        self.staging = self.schema.allocate((self.num_envs, rows))
+        self.data = self.schema.allocate((self.capacity, rows))
+        self.lengths = np.zeros(self.capacity, dtype=np.int64)
+        self.t = np.zeros(self.num_envs, dtype=np.int64)  # steps written so far, per env
+        self.pos, self.size = 0, 0
+        self.priorities = None if alpha is None else Priorities(self.capacity, alpha)
+
+    def __len__(self):
+        """Number of stored (finished) episodes."""
+        return self.size
+
+    def add(self, **step):
+        """Append one step to every env's running episode (each declared field, shape (num_envs, *shape))."""
+        over = np.flatnonzero(self.t >= self.max_len)
+        if over.size:
+            raise BufferError(
+                f"env {over[0]}'s episode is longer than max_len={self.max_len}: raise max_len to the "
+                "env's episode limit, or call finish() for envs whose episode ended"
+            )
+        envs = np.arange(self.num_envs)
+        for name, arr in self.schema.check(step, (self.num_envs,)).items():
+            self.staging[name][envs, self.t] = arr
+        self.t += 1
+
+    def finish(self, env_ids, **final):
+        """Close the running episodes of `env_ids` and store them.
+
+        `final` holds any declared fields of the observation after the last step (e.g. ``obs``,
+        ``state``, ``avail_actions``), each shaped (len(env_ids), *shape); they go to row ``len``.
+        """
+        env_ids = np.asarray(env_ids, dtype=np.int64).reshape(-1)
+        if env_ids.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if np.any((env_ids < 0) | (env_ids >= self.num_envs)):
+            raise BufferError(f"env_ids {env_ids.tolist()} must lie in [0, {self.num_envs})")
+        empty = env_ids[self.t[env_ids] == 0]
+        if empty.size:
+            raise BufferError(f"env {empty[0]} has no steps to finish: add() at least one step first")
+        steps = self.t[env_ids]
+        for name, arr in self.schema.check(final, (len(env_ids),), partial=True).items():
+            self.staging[name][env_ids, steps] = arr
+        slots = (self.pos + np.arange(len(env_ids))) % self.capacity
+        for name in self.schema:
+            self.data[name][slots] = self.staging[name][env_ids]
+            self.staging[name][env_ids] = 0  # padding of the next episode is zeros again
+        self.lengths[slots] = steps
+        self.t[env_ids] = 0
+        self.pos = (self.pos + len(env_ids)) % self.capacity
+        self.size = min(self.size + len(env_ids), self.capacity)
+        if self.priorities is not None:
+            self.priorities.add(slots)
+        return slots
+
+    def sample(self, batch_size, rng, beta=0.4):
+        """A batch of whole episodes, time-major: dict name -> (L + 1, batch, *shape).
+
+        L is the longest episode in the batch (padding beyond it is dropped). Also returns
+        ``filled`` (L + 1, batch) bool, True on real steps, and ``indices``; ``weights`` when prioritized.
+        """
+        if self.size == 0:
+            raise BufferError("cannot sample from an empty episode buffer: finish() an episode first")
+        if not 1 <= batch_size <= self.size:
+            raise BufferError(
+                f"batch_size={batch_size} but the buffer holds {self.size} episodes: sample at most that many"
+            )
+        batch = {}
+        if self.priorities is None:
+            indices = rng.choice(self.size, batch_size, replace=False)
+        else:
+            indices, batch["weights"] = self.priorities.sample(batch_size, beta, rng, self.size)
+        lengths = self.lengths[indices]
+        rows = int(lengths.max()) + 1
+        for name in self.schema:
+            batch[name] = np.swapaxes(self.data[name][indices, :rows], 0, 1)
+        batch["filled"] = np.arange(rows)[:, None] < lengths[None, :]
+        batch["indices"] = indices
+        return batch
+
+    def update_priorities(self, indices, priorities):
+        """Per-episode priorities (e.g. mean |TD error| over the episode's filled steps)."""
+        if self.priorities is None:
+            raise BufferError("this EpisodeReplayBuffer is uniform: pass alpha=... to prioritize episodes")
+        self.priorities.update(indices, priorities)

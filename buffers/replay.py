@@ -1,0 +1,196 @@
+"""Off-policy transition storage: uniform `ReplayBuffer` and `PrioritizedReplayBuffer` (segment trees).
+
+Storage is a ring of ``capacity // num_envs`` rows, each row one step of every env: ``(rows, E, ...)``.
+Consecutive rows of a column are consecutive steps of one env, which is what n-step targets walk.
+Next observations are ordinary declared fields (``next_obs``, ``next_state``...): the script stores the
+episode's *final* observation at a time-limit step, never the first observation of the next episode.
+"""
+
+import numpy as np
+
+from buffers import kernels
+from buffers.schema import BufferError, Schema
+from buffers.segment_tree import MinTree, SumTree
+
+__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "Priorities"]
+
+
+class ReplayBuffer:
+    """Uniform experience replay over vectorized envs.
+
+    ``fields``: name -> (per-env shape, dtype). ``uint8_fields``: names of image fields stored as uint8
+    (values rounded and clipped to [0, 255]) and returned in their declared dtype, a quarter of the memory.
+
+    n-step sampling (``n_step > 1``) needs scalar-per-env fields named ``rewards``, ``terminated`` and
+    ``truncated``; it returns the discounted n-step reward sum as ``rewards``, the bootstrap factor
+    ``discounts`` (gamma^m, or 0 after a termination) and every ``next_*`` field from the step whose next
+    observation bootstraps. The window stops at episode ends and at the newest stored step.
+    """
+
+    def __init__(self, capacity, num_envs, fields, uint8_fields=()):
+        if num_envs < 1 or capacity < num_envs:
+            raise BufferError(f"capacity={capacity} must be >= num_envs={num_envs} >= 1 (one row per step)")
+        self.rows, self.num_envs = int(capacity) // int(num_envs), int(num_envs)
+        self.schema = Schema(fields)
+        bad = [n for n in uint8_fields if n not in self.schema]
+        if bad:
+            raise BufferError(f"uint8_fields {bad} are not declared fields ({list(self.schema)})")
+        self.uint8_fields = tuple(uint8_fields)
+        self.data = self.schema.allocate((self.rows, self.num_envs), {n: np.uint8 for n in uint8_fields})
+        self.pos = 0  # next row to write
+        self.size = 0  # rows stored
+
+    @property
+    def capacity(self):
+        return self.rows * self.num_envs
+
+    @property
+    def full(self):
+        return self.size == self.rows
+
+    def __len__(self):
+        """Number of stored transitions (rows x envs)."""
+        return self.size * self.num_envs
+
+    def add(self, **step):
+        """Store one step of every env (each declared field, shape (num_envs, *per_env_shape)).
+
+        Returns the flat indices (row * num_envs + env) written, e.g. to set their priorities.
+        """
+        for name, arr in self.schema.check(step, (self.num_envs,)).items():
+            if name in self.uint8_fields and arr.dtype != np.uint8:
+                arr = np.clip(np.rint(arr), 0, 255)
+            self.data[name][self.pos] = arr
+        written = self.pos * self.num_envs + np.arange(self.num_envs)
+        self.pos = (self.pos + 1) % self.rows
+        self.size = min(self.size + 1, self.rows)
+        return written
+
+    def _check_sample(self, batch_size):
+        if self.size == 0:
+            raise BufferError("cannot sample from an empty replay buffer: add transitions first")
+        if not 1 <= batch_size <= len(self):
+            raise BufferError(
+                f"batch_size={batch_size} but the buffer holds {len(self)} transitions: sample at most "
+                "that many (start learning later, e.g. a larger --learning-starts)"
+            )
+
+    def sample(self, batch_size, rng, n_step=1, gamma=0.99):
+        """A uniform batch (with replacement): dict name -> (batch, *shape), plus ``indices``."""
+        self._check_sample(batch_size)
+        return self.gather(rng.integers(0, len(self), batch_size), n_step, gamma)
+
+    def gather(self, indices, n_step=1, gamma=0.99):
+        """The transitions at flat `indices` (row * num_envs + env) as one fancy-indexed copy per field."""
+        indices = np.asarray(indices, dtype=np.int64)
+        rows, envs = np.divmod(indices, self.num_envs)
+        batch = {name: self._read(name, rows, envs) for name in self.schema}
+        if n_step > 1:
+            self._nstep(batch, rows, envs, int(n_step), gamma)
+        batch["indices"] = indices
+        return batch
+
+    def _read(self, name, rows, envs):
+        out = self.data[name][rows, envs]
+        if name in self.uint8_fields:
+            out = out.astype(self.schema.fields[name][1])
+        return out
+
+    def _nstep(self, batch, rows, envs, n, gamma):
+        """Replace rewards by n-step sums, add ``discounts``, read ``next_*`` at the bootstrap step."""
+        for name in ("rewards", "terminated", "truncated"):
+            if name not in self.schema or self.schema.shape(name) != ():
+                raise BufferError(
+                    f"n-step sampling needs a scalar-per-env field {name!r} (shape ()); "
+                    f"declared: {self.schema.fields.get(name)}"
+                )
+        k = np.arange(n)[:, None]
+        window = (rows[None] + k) % self.rows  # (n, batch): the next n rows of each sampled env
+        oldest = self.pos if self.full else 0
+        age = (rows - oldest) % self.rows  # 0 for the oldest stored row
+        newest = age[None] + k == self.size - 1  # the window must stop at the newest stored step
+        rewards = self.data["rewards"][window, envs]
+        terminated = self.data["terminated"][window, envs] != 0
+        episode_end = terminated | (self.data["truncated"][window, envs] != 0) | newest
+        dtype = np.float64 if rewards.dtype == np.float64 else np.float32
+        sums, discounts, last = kernels.nstep_returns(
+            rewards.astype(dtype), terminated, episode_end, gamma, n
+        )
+        boot_rows = window[last[0], np.arange(len(rows))]
+        batch["rewards"] = sums[0].astype(rewards.dtype)
+        batch["discounts"] = discounts[0]
+        for name in self.schema:
+            if name.startswith("next_"):
+                batch[name] = self._read(name, boot_rows, envs)
+
+
+class Priorities:
+    """Proportional priorities over `capacity` slots (Schaul et al. 2016): P(i) = p_i^alpha / sum_j p_j^alpha.
+
+    New slots get the largest priority seen so far, so every transition is replayed at least once.
+    Shared by `PrioritizedReplayBuffer` (transitions) and `EpisodeReplayBuffer` (whole episodes).
+    """
+
+    def __init__(self, capacity, alpha, eps=1e-6):
+        if not 0.0 <= alpha <= 1.0:
+            raise BufferError(f"alpha={alpha} must lie in [0, 1] (0 = uniform, 1 = fully proportional)")
+        self.alpha, self.eps = float(alpha), float(eps)
+        self.sum_tree, self.min_tree = SumTree(capacity), MinTree(capacity)
+        self.max_priority = 1.0
+
+    def add(self, indices):
+        p = self.max_priority**self.alpha
+        self.sum_tree.update(indices, p)
+        self.min_tree.update(indices, p)
+
+    def update(self, indices, priorities):
+        """Set raw priorities (e.g. |TD error|); a NaN or negative one raises a ValueError naming it."""
+        priorities = np.abs(np.asarray(priorities, dtype=np.float64).reshape(-1)) + self.eps
+        if not np.all(np.isfinite(priorities)):
+            bad = int(np.flatnonzero(~np.isfinite(priorities))[0])
+            raise BufferError(
+                f"priority {priorities[bad]} at position {bad} is not finite: the TD errors contain "
+                "NaN or inf (check the loss, learning rate and reward scale)"
+            )
+        p = priorities**self.alpha
+        self.sum_tree.update(indices, p)
+        self.min_tree.update(indices, p)
+        self.max_priority = max(self.max_priority, float(priorities.max(initial=0.0)))
+
+    def sample(self, batch_size, beta, rng, count):
+        """Stratified proportional indices and their importance weights (N P(i))^-beta / max_j w_j."""
+        if not 0.0 <= beta <= 1.0:
+            raise BufferError(f"beta={beta} must lie in [0, 1]")
+        indices = self.sum_tree.sample_stratified(batch_size, rng)
+        total = self.sum_tree.sum()
+        probs = self.sum_tree.get(indices) / total
+        max_weight = (count * self.min_tree.min() / total) ** -beta  # from the least likely slot
+        weights = (count * probs) ** -beta / max_weight
+        return indices, weights.astype(np.float32)
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """`ReplayBuffer` sampling transitions in proportion to priority^alpha, with importance weights.
+
+    ``sample(batch, rng, beta)`` returns ``weights`` and ``indices``; pass the new |TD errors| to
+    ``update_priorities(indices, errors)``. Anneal beta to 1 over training (the script's schedule).
+    """
+
+    def __init__(self, capacity, num_envs, fields, alpha=0.6, uint8_fields=(), eps=1e-6):
+        super().__init__(capacity, num_envs, fields, uint8_fields)
+        self.priorities = Priorities(self.capacity, alpha, eps)
+
+    def add(self, **step):
+        written = super().add(**step)
+        self.priorities.add(written)
+        return written
+
+    def sample(self, batch_size, rng, beta=0.4, n_step=1, gamma=0.99):
+        self._check_sample(batch_size)
+        indices, weights = self.priorities.sample(batch_size, beta, rng, len(self))
+        batch = self.gather(indices, n_step, gamma)
+        batch["weights"] = weights
+        return batch
+
+    def update_priorities(self, indices, priorities):
+        self.priorities.update(indices, priorities)

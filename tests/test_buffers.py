@@ -1,0 +1,301 @@
+"""Schema-driven buffers: storage, targets, sampling, wrap-around, truncation, padding and misuse."""
+
+import numpy as np
+import pytest
+import torch
+
+from buffers import (
+    BufferError,
+    EpisodeReplayBuffer,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    RolloutBuffer,
+    kernels,
+    reference,
+    to_torch,
+)
+
+E, A, OBS = 3, 2, 4
+ROLLOUT_FIELDS = {
+    "obs": ((A, OBS), np.float32),
+    "actions": ((A,), np.int64),
+    "values": ((A,), np.float32),
+    "rewards": ((A,), np.float32),
+    "terminated": ((A,), np.bool_),
+    "truncated": ((), np.bool_),
+    "final_values": ((A,), np.float32),
+}
+
+
+def rollout_step(rng, t, truncate=False):
+    return dict(
+        obs=np.full((E, A, OBS), t, np.float32),
+        actions=rng.integers(0, 5, (E, A)),
+        values=rng.standard_normal((E, A)).astype(np.float32),
+        rewards=rng.standard_normal((E, A)).astype(np.float32),
+        terminated=rng.random((E, A)) < 0.1,
+        truncated=np.full(E, truncate),
+        final_values=rng.standard_normal((E, A)).astype(np.float32),
+    )
+
+
+def filled_rollout(T=8, trunc_at=(3,), seed=0):
+    rng = np.random.default_rng(seed)
+    rb = RolloutBuffer(T, E, ROLLOUT_FIELDS)
+    for t in range(T):
+        rb.add(**rollout_step(rng, t, truncate=t in trunc_at))
+    return rb
+
+
+def test_rollout_gae_equals_reference_with_truncation_bootstrap():
+    rb = filled_rollout(trunc_at=(3, 7))
+    last = np.random.default_rng(9).standard_normal((E, A)).astype(np.float32)
+    adv, ret = rb.compute_gae(last, 0.99, 0.95)
+    # build the reference inputs by hand: next value is V_{t+1}, V(final obs) after a cut, `last` at the end
+    v, term = rb["values"], rb["terminated"]
+    end = term | rb["truncated"][:, :, None]
+    nv = np.concatenate([v[1:], last[None]])
+    nv = np.where(end, rb["final_values"], nv)
+    want_adv, want_ret = reference.gae(
+        *(x.reshape(8, -1) for x in (rb["rewards"], v, nv, term, end)), 0.99, 0.95
+    )
+    np.testing.assert_allclose(adv.reshape(8, -1), want_adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret.reshape(8, -1), want_ret, rtol=1e-5, atol=1e-5)
+    # the truncated step's target uses V(final obs), not the next episode's first value
+    t, e, a = 3, 0, 0
+    if not term[t, e, a]:
+        delta = rb["rewards"][t, e, a] + 0.99 * rb["final_values"][t, e, a] - v[t, e, a]
+        assert adv[t, e, a] == pytest.approx(delta, abs=1e-5)
+
+
+def test_rollout_td_lambda_matches_kernel():
+    rb = filled_rollout(trunc_at=())
+    last = np.zeros((E, A), np.float32)
+    ret = rb.compute_td_lambda(last, 0.9, 0.8)
+    v, term = rb["values"], rb["terminated"]
+    nv = np.concatenate([v[1:], last[None]])
+    want = kernels.td_lambda(
+        rb["rewards"].reshape(8, -1), nv.reshape(8, -1), term.reshape(8, -1), term.reshape(8, -1), 0.9, 0.8
+    )
+    np.testing.assert_allclose(ret.reshape(8, -1), want, rtol=1e-6)
+
+
+def test_truncation_without_final_values_is_refused():
+    fields = {k: v for k, v in ROLLOUT_FIELDS.items() if k != "final_values"}
+    rb = RolloutBuffer(4, E, fields)
+    rng = np.random.default_rng(0)
+    for t in range(4):
+        step = rollout_step(rng, t, truncate=t == 1)
+        del step["final_values"]
+        rb.add(**step)
+    with pytest.raises(BufferError, match="truncations but no 'final_values'"):
+        rb.compute_gae(np.zeros((E, A)), 0.99, 0.95)
+
+
+def test_minibatches_cover_every_sample_once_and_carry_targets():
+    rb = filled_rollout()
+    rb.compute_gae(np.zeros((E, A)), 0.99, 0.95)
+    seen = []
+    for mb in rb.minibatches(4, np.random.default_rng(0)):
+        assert mb["obs"].shape[1:] == (A, OBS) and "advantages" in mb and "returns" in mb
+        seen.append(mb["obs"][:, 0, 0])
+    steps = np.sort(np.concatenate(seen))
+    np.testing.assert_array_equal(steps, np.repeat(np.arange(8), E))  # each (t, e) exactly once
+
+
+def test_sequences_are_time_major_chunks():
+    rb = filled_rollout()
+    batches = list(rb.sequences(4, 2, np.random.default_rng(0), fields=["obs"]))
+    assert sum(b["obs"].shape[1] for b in batches) == 2 * E  # 8 / 4 chunks per env
+    for b in batches:
+        t = b["obs"][:, :, 0, 0]  # (chunk_len, N): consecutive steps within every chunk
+        np.testing.assert_array_equal(np.diff(t, axis=0), 1)
+        assert set(t[0]) <= {0.0, 4.0}
+
+
+def test_rollout_misuse_errors():
+    rb = RolloutBuffer(2, E, ROLLOUT_FIELDS)
+    rng = np.random.default_rng(0)
+    step = rollout_step(rng, 0)
+    with pytest.raises(BufferError, match="targets need a full rollout: 0 of 2"):
+        rb.compute_gae(np.zeros((E, A)), 0.99, 0.95)
+    with pytest.raises(BufferError, match=r"missing field\(s\) \['obs'\]"):
+        rb.add(**{k: v for k, v in step.items() if k != "obs"})
+    with pytest.raises(BufferError, match=r"unknown field\(s\) \['logits'\]"):
+        rb.add(**step, logits=np.zeros((E, A)))
+    with pytest.raises(BufferError, match=r"field 'obs' has shape \(3, 4\), expected \(3, 2, 4\)"):
+        rb.add(**{**step, "obs": np.zeros((E, OBS))})
+    with pytest.raises(BufferError, match="'actions' has dtype float64"):
+        rb.add(**{**step, "actions": np.zeros((E, A))})
+    rb.add(**step)
+    rb.add(**step)
+    with pytest.raises(BufferError, match="the rollout is full"):
+        rb.add(**step)
+    with pytest.raises(BufferError, match="last_values has shape"):
+        rb.compute_gae(np.zeros(E), 0.99, 0.95)
+    with pytest.raises(BufferError, match="chunk_len=3 must divide"):
+        next(rb.sequences(3, 1, rng))
+    rb.reset()
+    assert rb.pos == 0 and not rb.full
+
+
+REPLAY_FIELDS = {
+    "obs": ((OBS,), np.float32),
+    "next_obs": ((OBS,), np.float32),
+    "actions": ((), np.int64),
+    "rewards": ((), np.float32),
+    "terminated": ((), np.bool_),
+    "truncated": ((), np.bool_),
+}
+
+
+def replay_step(t, end_every=None, terminate=False):
+    """Obs encode (step, env) so tests can tell exactly which transition came back."""
+    obs = np.array([[t, e, 0, 0] for e in range(E)], np.float32)
+    ended = end_every is not None and (t + 1) % end_every == 0
+    return dict(
+        obs=obs,
+        next_obs=obs + np.array([1, 0, 0, 1000 if ended else 0], np.float32),  # final obs marked
+        actions=np.full(E, t),
+        rewards=np.ones(E, np.float32),
+        terminated=np.full(E, ended and terminate),
+        truncated=np.full(E, ended and not terminate),
+    )
+
+
+def test_replay_wraps_around_and_keeps_the_newest():
+    rb = ReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    for t in range(10):
+        rb.add(**replay_step(t))
+    assert len(rb) == 4 * E and rb.full
+    batch = rb.gather(np.arange(len(rb)))
+    assert sorted(set(batch["obs"][:, 0].tolist())) == [6, 7, 8, 9]
+    np.testing.assert_array_equal(batch["actions"], batch["obs"][:, 0])
+
+
+def test_replay_next_obs_at_truncation_is_the_final_observation():
+    rb = ReplayBuffer(100, E, REPLAY_FIELDS)
+    for t in range(6):
+        rb.add(**replay_step(t, end_every=3))
+    batch = rb.gather(np.arange(len(rb)))
+    ended = batch["truncated"]
+    assert ended.sum() == 2 * E
+    np.testing.assert_array_equal(batch["next_obs"][ended, 3], 1000)  # not the next episode's first obs
+
+
+def test_replay_uniform_sample_and_errors():
+    rb = ReplayBuffer(50, E, REPLAY_FIELDS)
+    rng = np.random.default_rng(0)
+    with pytest.raises(BufferError, match="empty replay buffer"):
+        rb.sample(1, rng)
+    rb.add(**replay_step(0))
+    with pytest.raises(BufferError, match="batch_size=4 but the buffer holds 3"):
+        rb.sample(4, rng)
+    batch = rb.sample(3, rng)
+    assert batch["obs"].shape == (3, OBS) and batch["indices"].shape == (3,)
+
+
+def test_nstep_sampling_matches_kernel_and_stops_at_ends():
+    rb = ReplayBuffer(60, E, REPLAY_FIELDS)
+    for t in range(12):
+        rb.add(**replay_step(t, end_every=5, terminate=True))
+    idx = np.arange(len(rb))
+    batch = rb.gather(idx, n_step=3, gamma=0.5)
+    t = batch["obs"][:, 0].astype(int)
+    # episodes end (terminate) at t = 4 and 9; the newest step is 11
+    last = np.minimum.reduce([t + 2, np.where(t <= 4, 4, np.where(t <= 9, 9, 11))])
+    np.testing.assert_array_equal(batch["next_obs"][:, 0], last + 1)
+    m = last - t + 1
+    np.testing.assert_allclose(batch["rewards"], (1 - 0.5**m) / 0.5)
+    terminal = (last == 4) | (last == 9)
+    np.testing.assert_allclose(batch["discounts"], np.where(terminal, 0.0, 0.5**m))
+
+
+def test_uint8_storage_round_trips_images():
+    fields = {"obs": ((2, 2), np.float32), "rewards": ((), np.float32)}
+    rb = ReplayBuffer(8, 1, fields, uint8_fields=("obs",))
+    assert rb.data["obs"].dtype == np.uint8
+    rb.add(obs=np.array([[[0.0, 254.6], [300.0, 17.0]]], np.float32), rewards=np.zeros(1, np.float32))
+    out = rb.gather([0])["obs"]
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out[0], [[0, 255], [255, 17]])
+
+
+def test_prioritized_sampling_follows_priorities_and_weights_match_formula():
+    fields = {"x": ((), np.int64)}
+    rb = PrioritizedReplayBuffer(8, 1, fields, alpha=0.5)
+    for i in range(8):
+        rb.add(x=np.array([i]))
+    errors = np.arange(1, 9, dtype=np.float64)
+    rb.update_priorities(np.arange(8), errors)
+    rng = np.random.default_rng(0)
+    counts = np.zeros(8)
+    for _ in range(2000):
+        batch = rb.sample(8, rng, beta=0.7)
+        np.add.at(counts, batch["x"], 1)
+    p = (errors + rb.priorities.eps) ** 0.5
+    probs = p / p.sum()
+    expected = probs * counts.sum()
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 24.3  # 7 dof, 99.9% quantile
+    batch = rb.sample(8, rng, beta=0.7)
+    w = (8 * probs[batch["indices"]]) ** -0.7 / (8 * probs.min()) ** -0.7
+    np.testing.assert_allclose(batch["weights"], w, rtol=1e-5)
+    with pytest.raises(BufferError, match="not finite"):
+        rb.update_priorities([0], [np.nan])
+
+
+def test_new_transitions_get_max_priority():
+    rb = PrioritizedReplayBuffer(8, 1, {"x": ((), np.int64)}, alpha=1.0)
+    rb.add(x=np.array([0]))
+    rb.update_priorities([0], [5.0])
+    rb.add(x=np.array([1]))
+    assert rb.priorities.sum_tree.get(1) == pytest.approx(rb.priorities.sum_tree.get(0))
+
+
+EPISODE_FIELDS = {"obs": ((OBS,), np.float32), "actions": ((), np.int64), "rewards": ((), np.float32)}
+
+
+def test_episodes_from_envs_finishing_at_different_steps_are_padded_with_filled_mask():
+    eb = EpisodeReplayBuffer(10, max_len=5, num_envs=2, fields=EPISODE_FIELDS)
+    for t in range(4):
+        eb.add(obs=np.full((2, OBS), t, np.float32), actions=np.array([t, t]), rewards=np.ones(2, np.float32))
+        if t == 1:  # env 1 ends after 2 steps; its final observation goes to row 2
+            eb.finish([1], obs=np.full((1, OBS), 99, np.float32))
+    eb.finish([0], obs=np.full((1, OBS), 77, np.float32))
+    assert len(eb) == 2 and eb.lengths[:2].tolist() == [2, 4]
+    batch = eb.sample(2, np.random.default_rng(0))
+    order = np.argsort(batch["indices"])
+    obs, filled = batch["obs"][:, order, 0], batch["filled"][:, order]
+    assert obs.shape == (5, 2)  # longest episode (4 steps) + its final observation
+    np.testing.assert_array_equal(filled.T, [[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    np.testing.assert_array_equal(obs[:, 0], [0, 1, 99, 0, 0])  # padding is zeros
+    np.testing.assert_array_equal(obs[:, 1], [0, 1, 2, 3, 77])  # env 0: steps 0..3, then its final obs
+    assert eb.t.tolist() == [0, 2]  # env 1's second episode (steps 2, 3) is still running
+
+
+def test_episode_buffer_errors_and_prioritized_episodes():
+    eb = EpisodeReplayBuffer(4, max_len=2, num_envs=1, fields=EPISODE_FIELDS, alpha=0.6)
+    rng = np.random.default_rng(0)
+    with pytest.raises(BufferError, match="empty episode buffer"):
+        eb.sample(1, rng)
+    with pytest.raises(BufferError, match="no steps to finish"):
+        eb.finish([0])
+    step = dict(obs=np.zeros((1, OBS), np.float32), actions=np.zeros(1, np.int64), rewards=np.zeros(1))
+    eb.add(**step)
+    eb.add(**step)
+    with pytest.raises(BufferError, match="longer than max_len=2"):
+        eb.add(**step)
+    eb.finish([0])
+    batch = eb.sample(1, rng, beta=0.5)
+    assert batch["weights"].shape == (1,)
+    eb.update_priorities(batch["indices"], [0.5])
+    with pytest.raises(BufferError, match="holds 1 episodes"):
+        eb.sample(2, rng)
+
+
+def test_to_torch_converts_dtypes_in_one_place():
+    batch = {"obs": np.zeros((2, 3)), "mask": np.array([True, False]), "actions": np.array([1, 2], np.int32)}
+    t = to_torch(batch)
+    assert t["obs"].dtype == torch.float32 and t["mask"].dtype == torch.float32
+    assert t["actions"].dtype == torch.int64 and t["mask"].tolist() == [1.0, 0.0]
