@@ -5,8 +5,8 @@ the same name, signature and result, and `tests/test_kernels.py` holds them equa
 functions check shapes and dtypes once, in Python, then call an `njit(cache=True)` core that walks
 time backwards with the batch axis innermost, so the inner loop is contiguous and vectorises.
 
-Speed (results/speed/kernels.md, T=1000, B=1024, float32): GAE ~1.5 ns per agent-step,
-several thousand times faster than the reference loop.
+Speed (results/speed/kernels.md, T=1000, B=1024, float32, 2-core EPYC): GAE ~1.9 ns and TD(lambda)
+~1.5 ns per agent-step, ~470x and ~610x the reference loop; the pass is bound by memory bandwidth.
 """
 
 import numpy as np
