@@ -1,0 +1,278 @@
+"""Regenerate ``results/README.md`` and ``results/<env_id>/curves.png`` from the result JSON files.
+
+Inputs: every ``<out>/<env_id>/<algo>.json`` (written by collect.py, checked against its schema),
+the published figures in ``results/reference.json`` and the speed tables ``<out>/speed/*.md``.
+The output depends on nothing else (no clock, no environment, no matplotlibrc), so running this
+twice gives byte-identical files.
+
+Usage::
+
+    python results/make_readme.py [--out results] [--reference results/reference.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result
+
+REFERENCE_FILE = RESULTS_DIR / "reference.json"
+NOT_ENV_DIRS = {"runs", "speed"}
+CURVES_NAME = "curves.png"
+REFERENCE_KEYS = {"env_id", "algo", "mean", "std", "best", "n_seeds", "total_timesteps", "protocol", "source"}
+
+
+def load_results(out: Path) -> dict[str, list[dict]]:
+    """env_id -> its result documents sorted by algorithm; an invalid file stops with its name."""
+    by_env: dict[str, list[dict]] = {}
+    for path in sorted(Path(out).glob("*/*.json")):
+        if path.parent.name in NOT_ENV_DIRS:
+            continue
+        result = json.loads(path.read_text())
+        try:
+            check_result(result)
+        except ValueError as exc:
+            raise SystemExit(f"error: {path}: {exc}") from None
+        by_env.setdefault(result["env_id"], []).append(result)
+    return {env: sorted(results, key=lambda r: r["algo"]) for env, results in sorted(by_env.items())}
+
+
+def load_references(path: Path) -> list[dict]:
+    """The published figures of ``reference.json``; each entry must name its source and protocol."""
+    if not Path(path).is_file():
+        return []
+    references = json.loads(Path(path).read_text())["references"]
+    for ref in references:
+        missing = REFERENCE_KEYS - set(ref)
+        if missing or not ref["source"] or not ref["protocol"]:
+            raise SystemExit(f"error: {path}: entry {ref} lacks {sorted(missing) or 'a source or protocol'}")
+    return references
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    """A number for a table cell; an em dash for a missing one."""
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def fmt_steps(steps: int | None) -> str:
+    """10000000 -> '10M', 20000 -> '20k', 512 -> '512'."""
+    if steps is None:
+        return "—"
+    for scale, suffix in [(1_000_000_000, "B"), (1_000_000, "M"), (1_000, "k")]:
+        if steps >= scale:
+            return f"{steps / scale:g}{suffix}"
+    return str(steps)
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """Wall time in s, min or h."""
+    if seconds is None:
+        return "—"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def short_commit(commit: str) -> str:
+    """The first 12 hex digits of a commit, keeping a "-dirty" suffix."""
+    head, dirty, _ = commit.partition("-dirty")
+    return head[:12] + dirty
+
+
+def as_array(values: list) -> np.ndarray:
+    """A JSON list of numbers as floats, null as NaN (matplotlib leaves a gap)."""
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def plot_curves(env_id: str, results: list[dict], path: Path) -> None:
+    """Mean learning curve and 95% CI band per algorithm, saved as a PNG with no varying metadata."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()  # ignore any matplotlibrc: the same JSON must give the same bytes
+        fig = Figure(figsize=(7, 4.2), dpi=100)
+        ax = fig.add_subplot()
+        colors = matplotlib.colormaps["tab10"].colors
+        for i, result in enumerate(results):
+            curve, color = result["curve"], colors[i % len(colors)]
+            steps = as_array(curve["steps"])
+            label = f"{result['algo']} ({len(result['seeds'])} seeds)"
+            ax.plot(steps, as_array(curve["mean"]), color=color, linewidth=1.6, label=label)
+            low, high = as_array(curve["ci95_low"]), as_array(curve["ci95_high"])
+            ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+        ax.set_title(f"{env_id}: evaluation return (mean and 95% bootstrap CI over seeds)", fontsize=10)
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("episodic return (mean over agents)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=9)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def reference_cell(ref: dict, note: int) -> str:
+    """'-11.63 ± 1.50 (3 seeds, 10M steps, best -8.87) [1]'; [1] names the source and protocol."""
+    std = f" ± {fmt(ref['std'])}" if ref["std"] is not None else ""
+    details = [
+        f"{ref['n_seeds']} seeds" if ref["n_seeds"] else None,
+        f"{fmt_steps(ref['total_timesteps'])} steps",
+    ]
+    if ref["best"] is not None:
+        details.append(f"best {fmt(ref['best'])}")
+    if ref.get("note"):
+        details.append(ref["note"])
+    return f"{fmt(ref['mean'])}{std} ({', '.join(d for d in details if d)}) [{note}]"
+
+
+def demote_headings(markdown: str, levels: int = 2) -> str:
+    """Push every heading (outside code fences) ``levels`` deeper, to nest a file under a section."""
+    lines, in_fence = [], False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        if not in_fence and line.startswith("#"):
+            line = "#" * levels + line
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def env_section(env_id: str, results: list[dict], references: list[dict], notes: list[tuple]) -> list[str]:
+    """The Markdown of one environment: results table, reference notes, curves, run details.
+
+    ``notes`` collects the (source, protocol) pairs cited so far, numbered across the whole page.
+    """
+    refs = {ref["algo"]: ref for ref in references if ref["env_id"] == env_id}
+    ours = {result["algo"]: result for result in results}
+    lines = [f"## {env_id}", ""]
+    lines += [
+        "| algorithm | ours: mean ± std (n seeds) | IQM [95% CI] | best eval (mean) | reference | budget (steps) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for algo in sorted(set(ours) | set(refs)):
+        cells = [f"`{algo}`", "not run yet", "—", "—", "—", "—"]
+        if algo in ours:
+            result = ours[algo]
+            final, best = result["summary"]["final_eval_return"], result["summary"]["best_eval_return"]
+            low, high = final["iqm_ci95"]
+            cells[1] = f"{fmt(final['mean'])} ± {fmt(final['std'])} ({final['n']} seeds)"
+            cells[2] = f"{fmt(final['iqm'])} [{fmt(low)}, {fmt(high)}]"
+            cells[3] = fmt(best["mean"]) if best else "—"
+            cells[5] = fmt_steps(result["total_timesteps"])
+        if algo in refs:
+            source = (refs[algo]["source"], refs[algo]["protocol"])
+            if source not in notes:
+                notes.append(source)
+            cells[4] = reference_cell(refs[algo], notes.index(source) + 1)
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
+        source, protocol = notes[number - 1]
+        lines += [f"[{number}] {source}. Protocol: {protocol}.", ""]
+    if not results:
+        return lines
+    lines += [f"![{env_id} learning curves]({env_id}/{CURVES_NAME})", ""]
+    lines += [
+        "| algorithm | seeds | commit | date | SPS (mean) | wall time (mean) | hardware |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        sps, wall = result["summary"]["sps"], result["summary"]["wall_time_s"]
+        hardware = "; ".join(
+            f"{h.get('cpu')} ({h.get('cores')} cores, {h.get('ram_gb')} GB)" + (f", {h['gpu']}" if h.get("gpu") else "")
+            for h in result["hardware"]
+        )
+        cells = [
+            f"`{result['algo']}`",
+            ", ".join(str(s) for s in result["seeds"]),
+            ", ".join(f"`{short_commit(c)}`" for c in result["commit"].split(", ")),
+            result["date"] or "—",
+            fmt(sps["mean"], 0) if sps else "—",
+            fmt_seconds(wall["mean"] if wall else None),
+            hardware or "—",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    commands: list[str] = []
+    for result in results:
+        commands += [c for c in result["sweep_commands"] or result["commands"][:1] if c not in commands]
+    lines += ["", "Commands:", "", "```bash", *commands, "```", ""]
+    return lines
+
+
+def render(out: Path, by_env: dict[str, list[dict]], references: list[dict]) -> str:
+    """The whole README as a string."""
+    lines = [
+        "# Results",
+        "",
+        "<!-- Generated by results/make_readme.py from results/<env_id>/<algo>.json, results/reference.json",
+        "     and results/speed/*.md. Do not edit by hand: rerun `python results/make_readme.py`. -->",
+        "",
+        "Final evaluation returns of every algorithm, beside published figures where they exist.",
+        "Each number is read from a JSON file in this directory (`<env_id>/<algo>.json`, which also holds",
+        "the commit, the exact commands, the resolved config, the per-seed numbers and the curves).",
+        "",
+        "Reproduce a row, then regenerate this page:",
+        "",
+        "```bash",
+        "python results/run.py --algos mappo --envs simple_spread_v3 --seeds 5 --total-timesteps 10000000",
+        "python results/make_readme.py",
+        "```",
+        "",
+        "How the numbers are made:",
+        "",
+        f"* Reward: {REWARD_CONVENTION}.",
+        f"* Final return of a seed: {PROTOCOL['final_eval_return']}.",
+        f"* Best eval: {PROTOCOL['best_eval_return']}.",
+        f"* Across seeds: {PROTOCOL['mean_std']}.",
+        f"* IQM: {PROTOCOL['iqm']}.",
+        f"* 95% CI: {PROTOCOL['ci95']}.",
+        f"* Curves: {PROTOCOL['curve']}.",
+        "* Reference figures are quoted as published, with their source and protocol; not rerun here.",
+        "",
+    ]
+    envs = sorted(set(by_env) | {ref["env_id"] for ref in references})
+    if not envs:
+        lines += ["No results yet.", ""]
+    notes: list[tuple] = []
+    for env_id in envs:
+        lines += env_section(env_id, by_env.get(env_id, []), references, notes)
+    speed_files = sorted((Path(out) / "speed").glob("*.md"))
+    if speed_files:
+        lines += ["## Speed", ""]
+        for path in speed_files:
+            lines += [f"From [speed/{path.name}](speed/{path.name}):", ""]
+            lines += [demote_headings(path.read_text().strip()), ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
+    """Write ``<out>/README.md`` and ``<out>/<env_id>/curves.png`` per env; returns the README path."""
+    out = Path(out)
+    by_env = load_results(out)
+    for env_id, results in by_env.items():
+        plot_curves(env_id, results, out / env_id / CURVES_NAME)
+    readme = out / "README.md"
+    readme.write_text(render(out, by_env, load_references(reference)))
+    return readme
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: regenerate the README and the curves."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default: results/)")
+    parser.add_argument("--reference", type=Path, default=REFERENCE_FILE, help="published figures to compare")
+    args = parser.parse_args(argv)
+    print(f"wrote {generate(args.out, args.reference)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

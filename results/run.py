@@ -1,0 +1,515 @@
+"""Run a sweep of algorithms x envs x seeds, locally or on Ray, then collect the results.
+
+Each run is the plain algorithm script as a subprocess, and that exact command is recorded::
+
+    python algos/<algo>.py --env-id ENV --seed S --total-timesteps N --run-dir DIR [--extra flags]
+
+Runs go to ``<out>/runs/<env_id>/<algo>/seed<S>/`` (git-ignored): the script's own files, its
+stdout+stderr in ``run.log`` and the runner's record ``run.json`` (command, status, times, commit,
+hardware, library versions). A finished run (recorded status "ok", or a DONE file) is skipped when
+the sweep is launched again; a failed one is reported with its log path, the others go on, and the
+exit status is 1. Afterwards every (env, algo) is collected into ``<out>/<env_id>/<algo>.json``
+(see collect.py) and ``<out>/README.md`` is regenerated (see make_readme.py).
+
+Usage::
+
+    python results/run.py --algos mappo,ippo --envs simple_spread_v3 --seeds 5 \\
+        --total-timesteps 10000000 --extra "--num-envs 32"
+    python results/run.py ... --seeds 1,3            # explicit seeds (a single seed: --seeds 3,)
+    python results/run.py ... --ray                  # a local Ray instance (ray.init())
+    python results/run.py ... --ray-address auto     # an existing cluster (auto | ray://host:port)
+
+Locally, ``--workers`` runs execute at once (default: the number of cores), each with
+OMP/MKL threads = cores // workers unless the environment already sets them. On Ray each run is a
+task asking for ``--cpus-per-run`` CPUs and ``--gpus-per-run`` GPUs; the worker runs the command in
+the same repository path with its own Python. When a worker does not share this machine's
+filesystem, the run directory's files (except checkpoints ``*.pt`` and videos) are sent back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from collect import LOG_NAME, RECORD_NAME, RESULTS_DIR, collect, read_json, run_dir_for
+from collect import is_finished as run_is_finished
+
+REPO_ROOT = RESULTS_DIR.parent
+VERSION_PACKAGES = ["torch", "numpy", "numba", "pettingzoo", "mpe2", "gymnasium", "tensorboard"]
+THREAD_VARS = ["OMP_NUM_THREADS", "MKL_NUM_THREADS"]
+NOT_SHIPPED = (".pt", ".mp4", ".gif")  # large files a remote worker keeps
+_LIVE: set[subprocess.Popen] = set()  # this process's running scripts, killed on Ctrl-C
+
+
+# ---------------------------------------------------------------------------------------------------
+# Executing one run (a pool thread or a Ray task). Stdlib only: Ray ships these functions by value.
+# ---------------------------------------------------------------------------------------------------
+
+
+def utc_now(stamp: float | None = None) -> str:
+    """An ISO-8601 UTC timestamp with second precision, e.g. 2026-01-31T12:00:00Z."""
+    moment = datetime.fromtimestamp(time.time() if stamp is None else stamp, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def probe_hardware() -> dict:
+    """CPU model, logical cores, RAM and GPUs of this machine."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        ram_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        ram_gb = None
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        try:
+            query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+            names = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.split("\n")
+            gpu = ", ".join(n.strip() for n in names if n.strip()) or None
+        except (OSError, subprocess.SubprocessError):
+            gpu = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gb": ram_gb, "gpu": gpu, "machine": platform.machine()}
+
+
+def probe_versions() -> dict:
+    """Python and library versions of the interpreter that runs the scripts (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {"python": platform.python_version()}
+    for package in VERSION_PACKAGES:
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Terminate a process and everything it started (its own session), then make sure it is gone."""
+    for sig, wait in [(signal.SIGTERM, 5), (signal.SIGKILL, None)]:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _pack(run_dir: Path) -> dict[str, bytes]:
+    """The files of a run directory (relative POSIX path -> bytes), without checkpoints and videos."""
+    return {
+        p.relative_to(run_dir).as_posix(): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and not p.name.endswith(NOT_SHIPPED)
+    }
+
+
+def execute(spec: dict) -> tuple[dict, dict[str, bytes] | None]:
+    """Run one command as prepared by the driver; returns (record, files). Never raises.
+
+    ``spec``: argv (argv[0] is replaced by this interpreter), cwd, run_dir, launch_id, timeout,
+    env (overrides) and record (the driver's fields). ``files`` is None when the run directory is
+    the driver's own (the launch record written by the driver is visible here), else the packed
+    run directory for the driver to unpack.
+    """
+    run_dir = Path(spec["run_dir"])
+    try:
+        shared = json.loads((run_dir / RECORD_NAME).read_text()).get("launch_id") == spec["launch_id"]
+    except (OSError, ValueError):
+        shared = False
+    record = dict(spec["record"])
+    record.update(hardware=probe_hardware(), versions=probe_versions(), node=socket.gethostname())
+    returncode, error = None, None
+    start = time.time()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / LOG_NAME, "ab") as log:
+            argv = [sys.executable, *spec["argv"][1:]]
+            env = {**os.environ, **spec["env"]}
+            proc = subprocess.Popen(
+                argv, cwd=spec["cwd"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            _LIVE.add(proc)
+            try:
+                returncode = proc.wait(timeout=spec["timeout"])
+            except subprocess.TimeoutExpired:
+                error = f"timed out after {spec['timeout']} s"
+            finally:  # a timeout, a Ray cancel or Ctrl-C: leave no process behind
+                if proc.poll() is None:
+                    _kill_group(proc)
+                    returncode = proc.returncode
+                _LIVE.discard(proc)
+            if error is None and returncode != 0:
+                error = f"exit status {returncode}"
+            if error:
+                log.write(f"\n[results/run.py] run failed: {error}\n".encode())
+    except OSError as exc:
+        error = f"could not run: {exc}"
+    end = time.time()
+    record.update(
+        status="ok" if error is None else "failed",
+        returncode=returncode,
+        error=error,
+        start=utc_now(start),
+        end=utc_now(end),
+        wall_time_s=round(end - start, 3),
+    )
+    files = None if shared or not run_dir.is_dir() else _pack(run_dir)
+    return record, files
+
+
+# ---------------------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One (env, algo, seed) of the sweep."""
+
+    env_id: str
+    algo: str
+    seed: int
+    run_dir: Path
+    argv: list[str]  # argv[0] is "python": the recorded command
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+    @property
+    def name(self) -> str:
+        return f"{self.env_id} {self.algo} seed {self.seed}"
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / LOG_NAME
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'5' -> seeds 0..4; '1,3' -> seeds 1 and 3; '3,' -> seed 3 only."""
+    text = text.strip()
+    if "," not in text:
+        count = int(text)
+        if count < 1:
+            raise argparse.ArgumentTypeError("--seeds N needs N >= 1")
+        return list(range(count))
+    seeds = [int(s) for s in text.split(",") if s.strip()]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds: expected distinct integers, got {text!r}")
+    return seeds
+
+
+def _csv(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _display_path(path: Path) -> str:
+    """A path as written in commands: relative to the repository root when inside it."""
+    path = Path(path).resolve()
+    try:
+        return path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def git_commit() -> str:
+    """HEAD of the repository, "-dirty" when code outside results/ differs from it; "unknown" without git.
+
+    Dirty means a modified tracked file or an untracked, non-ignored file anywhere but results/.
+    """
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", ":(exclude)results"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if status else "")
+
+
+def plan(args: argparse.Namespace) -> list[Run]:
+    """The runs of the sweep, in (env, algo, seed) order; fails on a missing algorithm script."""
+    runs = []
+    for algo in args.algos:
+        script = args.algos_dir / f"{algo}.py"
+        if not script.is_file():
+            known = ", ".join(sorted(p.stem for p in args.algos_dir.glob("*.py"))) or "none"
+            raise SystemExit(f"error: no script {script} (algorithms in {args.algos_dir}: {known})")
+    for env_id in args.envs:
+        for algo in args.algos:
+            for seed in args.seeds:
+                run_dir = run_dir_for(args.out, env_id, algo, seed)
+                argv = ["python", _display_path(args.algos_dir / f"{algo}.py"), "--env-id", env_id]
+                argv += ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps)]
+                argv += ["--run-dir", _display_path(run_dir), *shlex.split(args.extra)]
+                runs.append(Run(env_id, algo, seed, run_dir, argv))
+    return runs
+
+
+def triage(run: Run, force: bool) -> str | None:
+    """'skip' for a finished run of the same command, a message for a conflict, else None (run it)."""
+    if force or not run_is_finished(run.run_dir):
+        return None
+    recorded = (read_json(run.run_dir / RECORD_NAME) or {}).get("command")
+    if recorded is None or recorded == run.command:
+        return "skip"
+    return (
+        f"{run.run_dir} holds a finished run of another command ({recorded}); "
+        "remove it, use another --out, or pass --force"
+    )
+
+
+def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str) -> dict:
+    """Empty the run directory, write the launch record and return the spec that ``execute`` runs."""
+    if run.run_dir.exists():
+        shutil.rmtree(run.run_dir)
+    run.run_dir.mkdir(parents=True)
+    launch_id = uuid.uuid4().hex
+    record = {
+        "env_id": run.env_id,
+        "algo": run.algo,
+        "seed": run.seed,
+        "total_timesteps": args.total_timesteps,
+        "command": run.command,
+        "cwd": str(REPO_ROOT),
+        "commit": commit,
+        "sweep_command": sweep_command,
+        "env": dict(args.child_env),
+    }
+    launch_record = {**record, "status": "launched", "launch_id": launch_id}
+    (run.run_dir / RECORD_NAME).write_text(json.dumps(launch_record))
+    return {
+        "argv": run.argv,
+        "cwd": str(REPO_ROOT),
+        "run_dir": str(run.run_dir.resolve()),
+        "launch_id": launch_id,
+        "timeout": args.timeout,
+        "env": dict(args.child_env),
+        "record": record,
+    }
+
+
+def finish(run: Run, record: dict, files: dict[str, bytes] | None) -> None:
+    """Store what a run sent back: its files when it ran elsewhere, and the final run.json."""
+    for rel, data in (files or {}).items():
+        target = run.run_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    (run.run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _failure_record(run: Run, error: str) -> dict:
+    """A record for a run that could not even report back (e.g. a Ray task that died)."""
+    previous = read_json(run.run_dir / RECORD_NAME) or {}
+    previous.pop("launch_id", None)
+    return {**previous, "status": "failed", "returncode": None, "error": error, "end": utc_now()}
+
+
+def run_local(specs: list[tuple[Run, dict]], workers: int, on_done) -> None:
+    """Execute the runs in a pool of ``workers`` threads, each waiting on its subprocess."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(execute, spec): run for run, spec in specs}
+        try:
+            for future in as_completed(futures):
+                on_done(futures[future], *future.result())
+        except KeyboardInterrupt:  # the scripts run in their own sessions: stop them here
+            pool.shutdown(wait=False, cancel_futures=True)
+            for proc in list(_LIVE):
+                _kill_group(proc)
+            raise
+
+
+def run_ray(specs: list[tuple[Run, dict]], args: argparse.Namespace, on_done) -> None:
+    """Execute each run as a Ray task on a cluster (``--ray-address``) or a local instance (``--ray``)."""
+    import ray
+
+    if args.ray_address:
+        ray.init(address=args.ray_address)
+    else:
+        ray.init(num_cpus=args.workers or os.cpu_count(), include_dashboard=False)
+    try:
+        if execute.__module__ != "__main__":  # imported (tests): ship this module's code, not its name
+            ray.cloudpickle.register_pickle_by_value(sys.modules[execute.__module__])
+        task = ray.remote(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run, max_retries=0)(execute)
+        pending = {task.remote(spec): run for run, spec in specs}
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for ref in done:
+                    run = pending.pop(ref)
+                    try:
+                        record, files = ray.get(ref)
+                    except Exception as exc:  # the task itself died (worker lost, ...)
+                        record, files = _failure_record(run, f"ray task failed: {exc!r}"), None
+                    on_done(run, record, files)
+        except KeyboardInterrupt:
+            for ref in pending:
+                ray.cancel(ref)  # raises KeyboardInterrupt in the task, which kills its process group
+            raise
+    finally:
+        ray.shutdown()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The sweep's command line."""
+    parser = argparse.ArgumentParser(
+        description="Run algorithms x envs x seeds (locally or on Ray) and collect the results."
+    )
+    parser.add_argument("--algos", type=_csv, required=True, help="comma-separated algorithms: algos/<algo>.py")
+    parser.add_argument("--envs", type=_csv, required=True, help="comma-separated env ids")
+    parser.add_argument("--seeds", type=parse_seeds, default="5", help="N (seeds 0..N-1) or a list '1,3' (default 5)")
+    parser.add_argument("--total-timesteps", type=int, required=True, help="budget of every run in env steps")
+    parser.add_argument(
+        "--extra", default="", help="flags for every script: '--num-envs 32' (one flag alone: --extra=--cuda)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
+    parser.add_argument("--algos-dir", type=Path, default=REPO_ROOT / "algos", help="scripts (default algos/)")
+    parser.add_argument("--workers", type=int, default=None, help="parallel runs (default: the cpu count)")
+    parser.add_argument("--threads-per-run", type=int, default=None, help="OMP/MKL threads of each run")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed")
+    parser.add_argument("--force", action="store_true", help="rerun finished runs too")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--ray", action="store_true", help="run on a local Ray instance (ray.init())")
+    parser.add_argument("--ray-address", default=None, help="an existing Ray cluster: auto | ray://host:port")
+    parser.add_argument("--cpus-per-run", type=float, default=1, help="CPUs a Ray task asks for (default 1)")
+    parser.add_argument("--gpus-per-run", type=float, default=0, help="GPUs a Ray task asks for (default 0)")
+    parser.add_argument("--no-collect", action="store_true", help="do not write the result JSON files")
+    parser.add_argument("--no-readme", action="store_true", help="do not regenerate <out>/README.md")
+    args = parser.parse_args(argv)
+    if args.total_timesteps < 1:
+        parser.error("--total-timesteps must be >= 1")
+    args.out = args.out.resolve()
+    args.algos_dir = args.algos_dir.resolve()
+    args.use_ray = args.ray or args.ray_address is not None
+    workers = args.workers or os.cpu_count() or 1
+    threads = args.threads_per_run
+    if threads is None and not args.use_ray and not any(v in os.environ for v in THREAD_VARS):
+        threads = max(1, (os.cpu_count() or 1) // workers)
+    args.child_env = {var: str(threads) for var in THREAD_VARS} if threads else {}
+    args.workers = workers if not args.use_ray else args.workers
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep, collect it, regenerate the README; 0 when every run and collection succeeded."""
+    from tqdm import tqdm
+
+    raw_argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(raw_argv)
+    runs = plan(args)
+    sweep_command = shlex.join(["python", _display_path(Path(__file__)), *raw_argv])
+    if args.dry_run:
+        for run in runs:
+            print(run.command)
+        return 0
+
+    failures: list[str] = []
+    todo: list[Run] = []
+    collectable: list[Run] = []  # finished now: skipped here or succeeding below
+    for run in runs:
+        verdict = triage(run, args.force)
+        if verdict == "skip":
+            collectable.append(run)
+        elif verdict is None:
+            todo.append(run)
+        else:
+            failures.append(f"FAILED {run.name}: {verdict}")
+    skipped = len(collectable)
+    commit = git_commit()
+    specs = [(run, prepare(run, args, commit, sweep_command)) for run in todo]
+
+    bar = tqdm(total=len(runs), initial=skipped, desc="runs", unit="run", dynamic_ncols=True)
+    counts = {"ok": 0, "skipped": skipped, "failed": len(failures)}
+    bar.set_postfix(counts)
+    lock = threading.Lock()
+
+    def on_done(run: Run, record: dict, files: dict[str, bytes] | None) -> None:
+        with lock:
+            finish(run, record, files)
+            if record["status"] == "ok":
+                counts["ok"] += 1
+                collectable.append(run)
+                bar.write(f"ok      {run.name} ({record.get('wall_time_s', 0):.1f} s)")
+            else:
+                counts["failed"] += 1
+                message = f"FAILED {run.name}: {record.get('error')}; log: {run.log}"
+                failures.append(message)
+                bar.write(message)
+            bar.update(1)
+            bar.set_postfix(counts)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)  # a killed sweep also stops its scripts
+    try:
+        if args.use_ray:
+            run_ray(specs, args, on_done)
+        else:
+            run_local(specs, args.workers, on_done)
+    except KeyboardInterrupt:
+        bar.close()
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    bar.close()
+
+    errors: list[str] = []
+    if not args.no_collect:
+        # The result files describe this sweep's seeds, minus those that failed or hold another command.
+        groups = {(e, a): [] for e in args.envs for a in args.algos}
+        for run in collectable:
+            groups[run.env_id, run.algo].append(run.seed)
+        paths, errors = collect(args.out, groups, args.total_timesteps)
+        for path in paths:
+            print(f"wrote {path}")
+        if paths and not args.no_readme:
+            import make_readme
+
+            print(f"wrote {make_readme.generate(args.out)}")
+
+    print(f"{counts['ok']} ran, {counts['skipped']} skipped, {counts['failed']} failed (of {len(runs)} runs)")
+    for message in failures:
+        print(message, file=sys.stderr)
+    for error in errors:
+        print(f"collect error: {error}", file=sys.stderr)
+    return 1 if failures or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""What the fake algorithm scripts share: the algorithm-script CLI contract and a deterministic curve.
+
+A fake run parses the flags every algorithm script takes, writes ``config.json``, real TensorBoard
+scalars (tensorboard's own event writer: no torch import, so tests stay fast) and ``DONE``. Its
+evaluation return at a step is ``offset + slope * step / total_timesteps + 0.5 * seed``, logged
+at 20 evenly spaced steps; the tests recompute the expected numbers from this formula.
+
+With ``FAKE_LAUNCH_LOG`` set, every launch appends "algo env_id seed pid" to that file.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+NUM_EVALS = 20
+
+
+def eval_return(step: int, total: int, seed: int, offset: float, slope: float) -> float:
+    """The fake evaluation curve."""
+    return offset + slope * step / total + 0.5 * seed
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The shared flags of an algorithm script."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--env-id", "--env", dest="env_id", required=True)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--total-timesteps", type=int, default=1000)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--num-envs", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def main(algo: str, offset: float, slope: float, fail_after: int | None = None, hang: bool = False) -> None:
+    """Run the fake: fail (exit 3) after ``fail_after`` evaluations, or hang forever when asked."""
+    args = parse_args()
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("FAKE_LAUNCH_LOG"):
+        with open(os.environ["FAKE_LAUNCH_LOG"], "a") as f:
+            f.write(f"{algo} {args.env_id} {args.seed} {os.getpid()}\n")
+    config = {**vars(args), "run_dir": str(args.run_dir), "algo": algo, "exp_name": algo}
+    (args.run_dir / "config.json").write_text(json.dumps(config, indent=2))
+    print(f"{algo}: env {args.env_id} seed {args.seed} for {args.total_timesteps} steps")
+    writer = EventFileWriter(str(args.run_dir))
+
+    def log(tag: str, value: float, step: int) -> None:
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+        writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+
+    for i in range(1, NUM_EVALS + 1):
+        step = i * args.total_timesteps // NUM_EVALS
+        value = eval_return(step, args.total_timesteps, args.seed, offset, slope)
+        log("charts/episodic_return", value - 1.0, step)
+        log("charts/SPS", 1000.0 + 10 * args.seed, step)
+        log("eval/episodic_return", value, step)
+        log("eval/episodic_return/agent", value, step)
+        if fail_after is not None and i >= fail_after:
+            writer.close()
+            print(f"{algo}: boom, a deliberate failure at step {step}", file=sys.stderr)
+            sys.exit(3)
+    while hang:
+        time.sleep(1)
+    writer.close()
+    (args.run_dir / "DONE").write_text("")

@@ -1,0 +1,375 @@
+"""results/: the sweep runner, collection into JSON, the schema check and README regeneration.
+
+Fake algorithm scripts (tests/fake_algos/) stand in for algos/*.py: they take the same flags and
+write real TensorBoard events with a known curve, eval = offset + slope * step / T + 0.5 * seed,
+so the expected numbers are recomputed here from that formula. Everything writes into tmp dirs.
+"""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+FAKES = Path(__file__).resolve().parent / "fake_algos"
+sys.path.insert(0, str(RESULTS))
+sys.path.insert(0, str(FAKES))
+
+import _fake  # noqa: E402
+import collect  # noqa: E402
+import make_readme  # noqa: E402
+import run as sweep_runner  # noqa: E402
+
+TOTAL = 1000
+FAKE_CURVES = {"fake_a": (-20.0, 10.0), "fake_b": (-30.0, 20.0)}  # (offset, slope) as in fake_*.py
+
+
+def run_cli(out: Path, *flags: str, launch_log: Path | None = None, timeout: float = 180):
+    """Run results/run.py on the fake scripts in a subprocess."""
+    env = dict(os.environ)
+    if launch_log is not None:
+        env["FAKE_LAUNCH_LOG"] = str(launch_log)
+    cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(out)]
+    cmd += ["--envs", "env_x", "--total-timesteps", str(TOTAL), *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def launches(path: Path) -> list[list[str]]:
+    """The lines the fake scripts appended to the launch log (algo, env, seed, pid)."""
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def approx6(x):
+    """Result files round floats to 6 decimals."""
+    return pytest.approx(x, abs=1e-6)
+
+
+def expected_seed(algo: str, seed: int) -> tuple[float, float]:
+    """(final = mean of the last 10 of 20 evaluations, best) of a fake run, from its formula."""
+    offset, slope = FAKE_CURVES[algo]
+    steps = [i * TOTAL // _fake.NUM_EVALS for i in range(1, _fake.NUM_EVALS + 1)]
+    values = [_fake.eval_return(s, TOTAL, seed, offset, slope) for s in steps]
+    return float(np.mean(values[-10:])), max(values)
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    """One local sweep: 2 fake algorithms x 2 seeds, 2 workers, an extra flag."""
+    out = tmp_path_factory.mktemp("sweep")
+    log = out / "launches.txt"
+    proc = run_cli(
+        out,
+        "--algos",
+        "fake_a,fake_b",
+        "--seeds",
+        "2",
+        "--workers",
+        "2",
+        "--extra",
+        "--num-envs 4",
+        launch_log=log,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc, log
+
+
+def load(out: Path, algo: str) -> dict:
+    return json.loads((out / "env_x" / f"{algo}.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Statistics and small helpers
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_iqm_drops_a_quarter_from_each_end():
+    assert collect.iqm(np.array([1.0, 2.0, 100.0])) == pytest.approx(103.0 / 3)  # n < 4: the mean
+    assert collect.iqm(np.array([-50.0, 1.0, 2.0, 3.0, 90.0])) == pytest.approx(2.0)  # n=5: drop 1 each end
+    x = np.array([8.0, 1.0, 7.0, 2.0, 6.0, 3.0, 5.0, 4.0])  # n=8: drop 2 each end -> mean(3, 4, 5, 6)
+    assert collect.iqm(x) == pytest.approx(4.5)
+    assert collect.iqm(np.stack([x, x + 1]), axis=-1) == pytest.approx([4.5, 5.5])
+
+
+def test_bootstrap_ci_is_seeded_and_brackets_the_statistic():
+    x = np.array([1.0, 2.0, 3.0, 4.0, 10.0])
+    low, high = collect.bootstrap_ci(x, np.mean)
+    assert (low, high) == collect.bootstrap_ci(x, np.mean)
+    assert low < x.mean() < high and low >= x.min() and high <= x.max()
+    assert collect.bootstrap_ci(x, np.mean, seed=1) != (low, high)
+    assert collect.bootstrap_ci([3.0], collect.iqm) == (3.0, 3.0)
+    summary = collect.summarize([1.0, None, 3.0])
+    assert summary["n"] == 2 and summary["mean"] == 2.0 and summary["std"] == pytest.approx(np.sqrt(2.0))
+    assert collect.summarize([None]) is None
+
+
+def test_curve_on_grid_interpolates_and_does_not_invent_early_points():
+    grid = collect.curve_grid(100, points=5)
+    assert grid.tolist() == [0, 25, 50, 75, 100]
+    y = collect.curve_on_grid(np.array([20, 60]), np.array([0.0, 4.0]), grid)
+    assert np.isnan(y[0]) and y[1:].tolist() == [0.5, 3.0, 4.0, 4.0]
+    summary = collect.curve_summary(np.stack([y, y + 2.0]))
+    assert summary["mean"][0] is None and summary["mean"][1] == 1.5 and summary["std"][1] == pytest.approx(np.sqrt(2))
+
+
+def test_parse_seeds():
+    assert sweep_runner.parse_seeds("5") == [0, 1, 2, 3, 4]
+    assert sweep_runner.parse_seeds("1,3") == [1, 3]
+    assert sweep_runner.parse_seeds("3,") == [3]
+    with pytest.raises(Exception, match="distinct"):
+        sweep_runner.parse_seeds("1,1")
+
+
+def test_dry_run_prints_the_exact_commands(tmp_path, capsys):
+    argv = ["--algos", "fake_a", "--envs", "env_x", "--seeds", "2,", "--total-timesteps", "7"]
+    argv += ["--algos-dir", str(FAKES), "--out", str(tmp_path), "--extra", "--num-envs 4", "--dry-run"]
+    assert sweep_runner.main(argv) == 0
+    expected = (
+        f"python tests/fake_algos/fake_a.py --env-id env_x --seed 2 --total-timesteps 7 "
+        f"--run-dir {tmp_path.resolve()}/runs/env_x/fake_a/seed2 --num-envs 4"
+    )
+    assert capsys.readouterr().out.strip() == expected
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_algorithm_fails_before_running_anything(tmp_path):
+    argv = ["--algos", "fake_a,nope", "--envs", "env_x", "--total-timesteps", "7"]
+    with pytest.raises(SystemExit, match=r"no script .*nope\.py.*fake_a"):
+        sweep_runner.main([*argv, "--algos-dir", str(FAKES), "--out", str(tmp_path)])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_reader_handles_torch_summary_writer(tmp_path):
+    """The real scripts log through torch's SummaryWriter; a rewritten step keeps its last value."""
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    writer = tensorboard.SummaryWriter(str(tmp_path))
+    for step, value in [(10, 1.0), (20, 2.0), (30, 3.0)]:
+        writer.add_scalar("eval/episodic_return", value, step)
+    time.sleep(0.01)
+    writer.add_scalar("eval/episodic_return", 5.0, 30)
+    writer.add_scalar("charts/SPS", 123.0, 30)
+    writer.close()
+    scalars = collect.read_scalars(tmp_path)
+    steps, values, _ = scalars["eval/episodic_return"]
+    assert steps.tolist() == [10, 20, 30] and values.tolist() == [1.0, 2.0, 5.0]
+    metrics, _ = collect.seed_metrics(tmp_path)
+    assert metrics["final_eval_return"] == pytest.approx(8.0 / 3) and metrics["sps"] == 123.0
+
+
+def test_execute_sends_files_back_only_from_another_filesystem(tmp_path):
+    """A Ray worker that cannot see the driver's launch record returns the run directory's files."""
+    run_dir = tmp_path / "seed0"
+    argv = ["python", str(FAKES / "fake_a.py"), "--env-id", "env_x", "--seed", "0"]
+    argv += ["--total-timesteps", "100", "--run-dir", str(run_dir)]
+    spec = {"argv": argv, "cwd": str(ROOT), "run_dir": str(run_dir), "launch_id": "abc", "timeout": 60}
+    spec.update(env={}, record={"command": "x"})
+    record, files = sweep_runner.execute(spec)  # no launch record: as on another node
+    assert record["status"] == "ok" and record["returncode"] == 0 and record["command"] == "x"
+    assert {"config.json", "DONE", "run.log"} <= set(files) and any("tfevents" in f for f in files)
+    assert files["DONE"] == b""
+    shutil.rmtree(run_dir)
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"launch_id": "abc"}))
+    record, files = sweep_runner.execute(spec)  # the driver's own directory
+    assert record["status"] == "ok" and files is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# A local sweep end to end
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_local_sweep_collects_valid_results(local_sweep):
+    out, proc, log = local_sweep
+    assert "4 ran, 0 skipped, 0 failed" in proc.stdout
+    assert sorted((a, s) for a, _, s, _ in launches(log)) == [(a, s) for a in ["fake_a", "fake_b"] for s in "01"]
+    for algo in FAKE_CURVES:
+        result = load(out, algo)
+        assert collect.result_errors(result) == []
+        assert (result["algo"], result["env_id"], result["seeds"]) == (algo, "env_x", [0, 1])
+        assert result["total_timesteps"] == TOTAL and result["commit"] != "unknown"
+        assert "mean over agents" in result["reward_convention"]
+        for entry in result["per_seed"]:
+            final, best = expected_seed(algo, entry["seed"])
+            assert entry["final_eval_return"] == approx6(final)
+            assert entry["best_eval_return"] == approx6(best)
+            assert entry["num_evals"] == 20 and entry["last_eval_step"] == TOTAL
+            assert entry["final_eval_return_by_group"] == {"agent": approx6(final)}
+            assert entry["sps"] == 1000.0 + 10 * entry["seed"] and entry["wall_time_s"] > 0
+            assert entry["command"] == (
+                f"python tests/fake_algos/{algo}.py --env-id env_x --seed {entry['seed']} --total-timesteps "
+                f"{TOTAL} --run-dir {out.resolve()}/runs/env_x/{algo}/seed{entry['seed']} --num-envs 4"
+            )
+            assert (out / entry["log"]).is_file()
+        finals = [expected_seed(algo, s)[0] for s in (0, 1)]
+        summary = result["summary"]["final_eval_return"]
+        assert summary["mean"] == approx6(np.mean(finals))
+        assert summary["std"] == approx6(np.std(finals, ddof=1))
+        assert summary["iqm"] == approx6(np.mean(finals))  # 2 seeds: nothing trimmed
+        assert summary["iqm_ci95"][0] <= summary["iqm"] <= summary["iqm_ci95"][1]
+        assert result["config"]["num_envs"] == 4 and set(result["config_per_seed"]) == {"seed", "run_dir"}
+        curve = result["curve"]
+        assert len(curve["steps"]) == collect.CURVE_POINTS and curve["steps"][-1] == TOTAL
+        assert curve["mean"][-1] == approx6(np.mean([expected_seed(algo, s)[1] for s in (0, 1)]))
+        assert curve["mean"][0] is None  # no evaluation at step 0
+        assert result["hardware"][0]["cores"] == os.cpu_count() and result["hardware"][0]["seeds"] == [0, 1]
+        assert result["versions"][0]["python"] == ".".join(map(str, sys.version_info[:3]))
+        assert result["sweep_commands"][0].startswith("python results/run.py --algos-dir")
+    assert (out / "README.md").is_file() and (out / "env_x" / "curves.png").is_file()
+
+
+def test_finished_runs_are_skipped_on_relaunch(local_sweep):
+    out, _, log = local_sweep
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*tfevents*")}
+    proc = run_cli(out, "--algos", "fake_a,fake_b", "--seeds", "2", "--extra", "--num-envs 4", launch_log=log)
+    assert proc.returncode == 0, proc.stderr
+    assert "0 ran, 4 skipped, 0 failed" in proc.stdout
+    assert len(launches(log)) == 4
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*tfevents*")} == before
+    # The same directories asked to hold another command: refused, not silently reused.
+    proc = run_cli(out, "--algos", "fake_a", "--seeds", "0,", "--extra", "--num-envs 8", launch_log=log)
+    assert proc.returncode == 1 and "holds a finished run of another command" in proc.stderr
+    assert len(launches(log)) == 4
+    assert load(out, "fake_a")["seeds"] == [0, 1]  # nor collected over the sweep's result file
+
+
+def test_schema_check_rejects_broken_documents(local_sweep):
+    good = load(local_sweep[0], "fake_a")
+    collect.check_result(good)
+    breakages = {
+        "missing key 'commit'": lambda r: r.pop("commit"),
+        "per_seed[0].final_eval_return: expected int/float": lambda r: r["per_seed"][0].update(final_eval_return="x"),
+        "curve.mean: 49 points": lambda r: r["curve"]["mean"].pop(),
+        "seeds differ": lambda r: r["seeds"].reverse(),
+        "total_timesteps: expected int, got bool": lambda r: r.update(total_timesteps=True),
+        "unexpected key 'extra'": lambda r: r.update(extra=1),
+        "iqm_ci95: expected [low, high]": lambda r: r["summary"]["final_eval_return"].update(iqm_ci95=[2.0, 1.0]),
+    }
+    for message, breakage in breakages.items():
+        bad = copy.deepcopy(good)
+        breakage(bad)
+        with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+            collect.check_result(bad)
+
+
+def test_collect_cli_rewrites_the_same_files(local_sweep, tmp_path):
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    before = {p.name: p.read_bytes() for p in (out / "env_x").glob("*.json")}
+    for path in (out / "env_x").glob("*.json"):
+        path.unlink()
+    assert collect.main(["--out", str(out)]) == 0
+    assert {p.name: p.read_bytes() for p in (out / "env_x").glob("*.json")} == before
+
+
+def test_readme_and_png_regenerate_byte_identical(local_sweep, tmp_path):
+    out = tmp_path / "results"
+    (out / "env_x").mkdir(parents=True)
+    for path in (local_sweep[0] / "env_x").glob("*.json"):
+        shutil.copy(path, out / "env_x")
+    (out / "speed").mkdir()
+    (out / "speed" / "fake_speed.md").write_text("# Fake speed\n\n| op | ns |\n|---|---|\n| gae | 2.0 |\n")
+    cmd = [sys.executable, str(RESULTS / "make_readme.py"), "--out", str(out)]
+    outputs = []
+    for _ in range(2):  # two processes: nothing may depend on the process (hash seeds, clocks)
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        outputs.append(((out / "README.md").read_bytes(), (out / "env_x" / "curves.png").read_bytes()))
+    assert outputs[0] == outputs[1]
+    readme, png = outputs[0]
+    assert png.startswith(b"\x89PNG") and b"Software" not in png
+    text = readme.decode()
+    finals = [expected_seed("fake_a", s)[0] for s in (0, 1)]
+    assert f"| `fake_a` | {np.mean(finals):.2f} ± {np.std(finals, ddof=1):.2f} (2 seeds) |" in text
+    assert "| `mappo` | not run yet |" in text and "-11.63 ± 1.50" in text and "XuanCe benchmark table" in text
+    assert "![env_x learning curves](env_x/curves.png)" in text
+    assert "[speed/fake_speed.md](speed/fake_speed.md)" in text and "\n### Fake speed\n" in text
+    # The figure does depend on the data: another curve gives another PNG.
+    path = out / "env_x" / "fake_a.json"
+    result = json.loads(path.read_text())
+    result["curve"]["mean"] = [None if v is None else v + 5.0 for v in result["curve"]["mean"]]
+    path.write_text(json.dumps(result))
+    make_readme.generate(out)
+    assert (out / "env_x" / "curves.png").read_bytes() != png
+
+
+def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
+    log = tmp_path / "launches.txt"
+    proc = run_cli(tmp_path, "--algos", "fake_fail,fake_a", "--seeds", "2", "--workers", "2", launch_log=log)
+    assert proc.returncode == 1
+    assert "2 ran, 0 skipped, 2 failed" in proc.stdout
+    for seed in (0, 1):
+        run_log = tmp_path.resolve() / "runs" / "env_x" / "fake_fail" / f"seed{seed}" / "run.log"
+        assert f"FAILED env_x fake_fail seed {seed}: exit status 3; log: {run_log}" in proc.stderr
+        assert "boom, a deliberate failure" in run_log.read_text()
+        record = json.loads((run_log.parent / "run.json").read_text())
+        assert record["status"] == "failed" and record["returncode"] == 3
+    assert "env_x/fake_fail: no finished seed" in proc.stderr
+    assert not (tmp_path / "env_x" / "fake_fail.json").exists()
+    assert load(tmp_path, "fake_a")["seeds"] == [0, 1]
+    # A relaunch retries the failed runs only.
+    proc = run_cli(tmp_path, "--algos", "fake_fail,fake_a", "--seeds", "2", launch_log=log)
+    assert proc.returncode == 1 and "0 ran, 2 skipped, 2 failed" in proc.stdout
+    assert sorted(a for a, *_ in launches(log)) == ["fake_a"] * 2 + ["fake_fail"] * 4
+
+
+def test_timeout_kills_a_hanging_run(tmp_path):
+    log = tmp_path / "launches.txt"
+    proc = run_cli(tmp_path, "--algos", "fake_hang", "--seeds", "0,", "--timeout", "2", launch_log=log)
+    assert proc.returncode == 1 and "FAILED env_x fake_hang seed 0: timed out after 2.0 s" in proc.stderr
+    (pid,) = [int(p) for *_, p in launches(log)]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_terminated_sweep_stops_its_runs(tmp_path):
+    """The scripts run in their own sessions (for a clean timeout), so the sweep must stop them itself."""
+    log = tmp_path / "launches.txt"
+    cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(tmp_path)]
+    cmd += ["--envs", "env_x", "--total-timesteps", "10", "--algos", "fake_hang", "--seeds", "2"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "FAKE_LAUNCH_LOG": str(log)}, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(launches(log)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.terminate()
+    assert proc.wait(timeout=60) == 130
+    assert "interrupted" in proc.stderr.read().decode()
+    for *_, pid in launches(log):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ray
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_ray_sweep_matches_the_local_one(local_sweep, tmp_path):
+    pytest.importorskip("ray")
+    proc = run_cli(
+        tmp_path,
+        "--algos",
+        "fake_a,fake_b",
+        "--seeds",
+        "2",
+        "--ray",
+        "--workers",
+        "2",
+        "--extra",
+        "--num-envs 4",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 ran, 0 skipped, 0 failed" in proc.stdout
+    for algo in FAKE_CURVES:
+        ours, local = load(tmp_path, algo), load(local_sweep[0], algo)
+        assert collect.result_errors(ours) == []
+        assert ours["summary"]["final_eval_return"] == local["summary"]["final_eval_return"]
+        assert ours["curve"]["mean"] == local["curve"]["mean"]
+        record = json.loads((tmp_path / "runs" / "env_x" / algo / "seed0" / "run.json").read_text())
+        assert record["status"] == "ok" and "node" in record and "--ray" in record["sweep_command"]
