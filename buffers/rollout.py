@@ -64,97 +64,75 @@ class RolloutBuffer:
             self.data[name][self.pos] = arr
         self.pos += 1
 
-    def _next_values(self, last_values, values, ends, truncated, final_values):
-        """V of the state after each step: V_{t+1} inside an episode, V(final obs) after a cut."""
-        v = self.data[values]
+    def _target_inputs(self, last_values, names):
+        """The kernels' (T, B) inputs: rewards, values, next values, terminated and episode-end flags.
+
+        Next values are V_{t+1} inside an episode, V(final observation) after a cut, and
+        `last_values` after the last step.
+        """
+        if not self.full:
+            raise BufferError(f"targets need a full rollout: {self.pos} of {self.num_steps} steps stored so far")
+        for key in ("rewards", "values", "terminated"):
+            if names[key] not in self.data:
+                raise BufferError(f"field {names[key]!r} is needed for targets but is not declared")
+        v = self.data[names["values"]]
+        r = self.data[names["rewards"]].astype(v.dtype, copy=False)
+        if r.shape != v.shape:
+            raise BufferError(f"{names['rewards']!r} has shape {r.shape} but {names['values']!r} has {v.shape}")
+        term = _broadcast_flags(self.data[names["terminated"]] != 0, v.shape, names["terminated"])
+        ends, truncated = term, self.data.get(names["truncated"])
+        if truncated is not None:
+            ends = term | _broadcast_flags(truncated != 0, v.shape, names["truncated"])
         last = np.asarray(last_values, dtype=v.dtype)
         if last.shape != v.shape[1:]:
             raise BufferError(f"last_values has shape {last.shape}, expected {v.shape[1:]} (like one step)")
         next_values = np.concatenate([v[1:], last[None]], axis=0)
-        if truncated in self.data and self.data[truncated].any():
-            if final_values not in self.data:
+        if truncated is not None and truncated.any():
+            if names["final_values"] not in self.data:
                 raise BufferError(
-                    f"the rollout has time-limit truncations but no {final_values!r} field: declare it and "
-                    "store V(final observation) so a truncated episode bootstraps instead of being "
+                    f"the rollout has time-limit truncations but no {names['final_values']!r} field: declare it "
+                    "and store V(final observation) so a truncated episode bootstraps instead of being "
                     "treated as terminated"
                 )
-            np.copyto(next_values, self.data[final_values], where=ends)
-        return next_values
+            np.copyto(next_values, self.data[names["final_values"]], where=ends)
+        return [a.reshape(self.num_steps, -1) for a in (r, v, next_values, term, ends)]
 
-    def _flags(self, values, terminated, truncated):
-        if not self.full:
-            raise BufferError(
-                f"targets need a full rollout: {self.pos} of {self.num_steps} steps stored so far"
-            )
-        for name in (values, terminated):
-            if name not in self.data:
-                raise BufferError(f"field {name!r} is needed for targets but is not declared")
-        shape = self.data[values].shape
-        term = _broadcast_flags(self.data[terminated] != 0, shape, terminated)
-        ends = term
-        if truncated in self.data:
-            ends = term | _broadcast_flags(self.data[truncated] != 0, shape, truncated)
-        return term, ends
-
-    def _flat(self, *arrays):
-        return [a.reshape(self.num_steps, -1) for a in arrays]
-
-    def compute_gae(
-        self,
-        last_values,
-        gamma,
-        lam,
-        *,
-        rewards="rewards",
-        values="values",
-        terminated="terminated",
-        truncated="truncated",
-        final_values="final_values",
-    ):
+    def compute_gae(self, last_values, gamma, lam, **names):
         """GAE advantages and returns (stored as ``targets`` and included in minibatches).
 
         `last_values`: V of the observation each env stopped in, shape (num_envs, *values_shape).
-        Field names can be remapped (e.g. several critics: ``values="values_adversary"``).
+        Field names can be remapped with keywords ``rewards=, values=, terminated=, truncated=,
+        final_values=`` (e.g. a second critic: ``values="values_adversary"``).
         Returns ``(advantages, returns)`` shaped (T, E, *values_shape).
         """
-        term, ends = self._flags(values, terminated, truncated)
-        if rewards not in self.data:
-            raise BufferError(f"field {rewards!r} is needed for targets but is not declared")
-        next_values = self._next_values(last_values, values, ends, truncated, final_values)
-        shape = self.data[values].shape
-        r = self.data[rewards].astype(self.data[values].dtype, copy=False)
-        if r.shape != shape:
-            raise BufferError(f"{rewards!r} has shape {r.shape} but {values!r} has {shape}")
-        adv, ret = kernels.gae(*self._flat(r, self.data[values], next_values, term, ends), gamma, lam)
+        names = self._names(names)
+        r, v, next_values, term, ends = self._target_inputs(last_values, names)
+        adv, ret = kernels.gae(r, v, next_values, term, ends, gamma, lam)
+        shape = self.data[names["values"]].shape
         self.targets = {"advantages": adv.reshape(shape), "returns": ret.reshape(shape)}
         return self.targets["advantages"], self.targets["returns"]
 
-    def compute_td_lambda(
-        self,
-        last_values,
-        gamma,
-        lam,
-        *,
-        rewards="rewards",
-        values="values",
-        terminated="terminated",
-        truncated="truncated",
-        final_values="final_values",
-    ):
+    def compute_td_lambda(self, last_values, gamma, lam, **names):
         """TD(lambda) returns (COMA / QMIX-style targets), stored as ``targets["returns"]``.
 
         `values` names the per-step estimates whose *next* entries bootstrap (e.g. target-critic Q of
-        the taken action); `last_values` is the estimate after the final step.
+        the taken action); `last_values` is the estimate after the final step. Names remap as in
+        `compute_gae`.
         """
-        term, ends = self._flags(values, terminated, truncated)
-        next_values = self._next_values(last_values, values, ends, truncated, final_values)
-        shape = self.data[values].shape
-        r = self.data[rewards].astype(self.data[values].dtype, copy=False)
-        if r.shape != shape:
-            raise BufferError(f"{rewards!r} has shape {r.shape} but {values!r} has {shape}")
-        ret = kernels.td_lambda(*self._flat(r, next_values, term, ends), gamma, lam)
-        self.targets = {"returns": ret.reshape(shape)}
+        names = self._names(names)
+        r, _, next_values, term, ends = self._target_inputs(last_values, names)
+        ret = kernels.td_lambda(r, next_values, term, ends, gamma, lam)
+        self.targets = {"returns": ret.reshape(self.data[names["values"]].shape)}
         return self.targets["returns"]
+
+    @staticmethod
+    def _names(names):
+        defaults = dict(rewards="rewards", values="values", terminated="terminated", truncated="truncated",
+                        final_values="final_values")  # fmt: skip
+        unknown = set(names) - set(defaults)
+        if unknown:
+            raise BufferError(f"unknown field-name keyword(s) {sorted(unknown)}; accepted: {sorted(defaults)}")
+        return defaults | names
 
     def _arrays(self, fields):
         arrays = {**self.data, **self.targets}
