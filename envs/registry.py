@@ -1,0 +1,274 @@
+"""Environment ids, and `make`: the one entry point that turns an id into a `VecEnv`.
+
+Known ids come from three families of PettingZoo parallel envs, plus any parallel env named by its
+import path:
+
+* MPE from the `mpe2` package (never `pettingzoo.mpe`): `simple_spread_v3`, `simple_tag_v3`, ...
+  Discrete actions unless `continuous_actions=True`; `N`, `max_cycles`, `local_ratio`, ... pass through.
+* MAgent2 gridworlds: `battle_v4`, `adversarial_pursuit_v4`, `tiger_deer_v4`, `gather_v5`,
+  `combined_arms_v6`, `battlefield_v5`. `map_size` (where the env has one) and `max_cycles` pass through.
+* PettingZoo Butterfly: `cooperative_pong_v6`, `knights_archers_zombies_v11`, `pistonball_v6`
+  (the last needs `pymunk`; an id whose package is missing fails with an `EnvNotAvailableError`).
+* `"package.module:function"`: any function returning a PettingZoo `ParallelEnv` (an AEC env is
+  converted with PettingZoo's `aec_to_parallel`). It is called with the env kwargs as given.
+
+Every failure to build an env is one short exception whose message says what to do:
+`UnknownEnvError` (lists the known ids), `EnvArgumentError` (lists the accepted arguments),
+`EnvNotAvailableError` (names the missing package or backend).
+"""
+
+import functools
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass
+
+from envs.api import VecEnv
+
+
+class UnknownEnvError(ValueError):
+    """The env id is neither a registered id nor a `module:function` path."""
+
+
+class EnvArgumentError(ValueError):
+    """The env exists but rejected the keyword arguments it was given."""
+
+
+class EnvNotAvailableError(ImportError):
+    """The env or backend is known but its package is not installed."""
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """How to build one registered env: the module whose `parallel_env` makes it, and its quirks."""
+
+    family: str  # "mpe", "magent" or "butterfly"
+    module: str  # import path of the module with a `parallel_env(**kwargs)` function
+    min_map_size: int | None = None  # smallest map_size with at least one agent of every team
+    state_from_obs: bool = False  # the env's state() is exactly the concatenated observations
+
+
+_MPE = [
+    "simple_v3",
+    "simple_spread_v3",
+    "simple_reference_v3",
+    "simple_speaker_listener_v4",
+    "simple_adversary_v3",
+    "simple_tag_v3",
+    "simple_push_v3",
+    "simple_crypto_v3",
+    "simple_world_comm_v3",
+    "collect_treasure_v1",
+    "simple_formation_v1",
+    "simple_line_v1",
+]
+# The smallest map sizes: the env's own assert, raised where a smaller map would leave a team with
+# zero agents (adversarial_pursuit places 0.0125 * map_size**2 predators, so it needs 9, not 7).
+_MAGENT = {
+    "battle_v4": 12,
+    "adversarial_pursuit_v4": 9,
+    "tiger_deer_v4": 10,
+    "gather_v5": None,  # fixed 200 x 200 map, no map_size argument
+    "combined_arms_v6": 16,
+    "battlefield_v5": 46,
+}
+_BUTTERFLY = ["cooperative_pong_v6", "knights_archers_zombies_v11", "pistonball_v6"]
+# PettingZoo >= 1.27 deprecates importing `pettingzoo.butterfly.<id>`; its own registry points at
+# the implementation modules, and so do we.
+
+# mpe2's SimpleEnv.state() concatenates every agent's observation in agent order, which is what the
+# wrapper builds from the observations it already has; flagging it saves a second observation pass.
+REGISTRY: dict[str, EnvEntry] = {
+    **{name: EnvEntry("mpe", f"mpe2.{name}", state_from_obs=True) for name in _MPE},
+    **{name: EnvEntry("magent", f"magent2.environments.{name}", min_map_size=size) for name, size in _MAGENT.items()},
+    **{
+        name: EnvEntry("butterfly", f"pettingzoo.butterfly.{base}.{base}")
+        for name, base in ((name, name.rsplit("_v", 1)[0]) for name in _BUTTERFLY)
+    },
+}
+
+
+def known_ids() -> list[str]:
+    """Every registered env id, grouped by family (MPE, MAgent2, Butterfly)."""
+    return list(REGISTRY)
+
+
+def _unknown_id_message(env_id: str) -> str:
+    by_family: dict[str, list[str]] = {}
+    for name, entry in REGISTRY.items():
+        by_family.setdefault(entry.family, []).append(name)
+    lines = [f"unknown env id {env_id!r}. Known ids:"]
+    lines += [f"  {family}: {', '.join(names)}" for family, names in by_family.items()]
+    lines.append('  or any PettingZoo parallel env as "package.module:function", e.g. "mpe2.simple_v3:parallel_env"')
+    return "\n".join(lines)
+
+
+def _import_env_module(module: str, env_id: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        missing = getattr(err, "name", None) or str(err)
+        raise EnvNotAvailableError(
+            f"{env_id} cannot be imported: package {missing!r} is missing ({err}). Install it to use this env."
+        ) from None
+
+
+def _accepted_kwargs(module) -> set[str] | None:
+    """The keyword arguments `module.parallel_env` accepts, or None when they cannot be listed."""
+    names: set[str] = set()
+    for fn in (getattr(module, "parallel_env", None), getattr(module, "raw_env", None)):
+        if fn is None:
+            continue
+        params = inspect.signature(fn).parameters.values()
+        named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        if not named:  # a `**kwargs` forwarder (mpe2's parallel_env): look at raw_env instead
+            continue
+        names |= named
+        if any(p.kind == p.VAR_KEYWORD for p in params):
+            # MAgent2 forwards **kwargs into its reward config; the module lists the legal ones.
+            home = sys.modules.get(fn.__module__, module)  # `battle_v4` re-exports `battle.battle`
+            extra = getattr(home, "default_reward_args", None) or getattr(home, "default_env_args", None)
+            if extra is None:
+                return None
+            names |= set(extra)
+        return names - {"self", "seed"}
+    return None
+
+
+def build_parallel_env(env_id: str, **env_kwargs):
+    """Build one PettingZoo parallel env for `env_id` (a registered id or `module:function`).
+
+    Registered families get `render_mode="rgb_array"` unless told otherwise, so any env can be
+    rendered into a video. Bad arguments raise `EnvArgumentError` naming the accepted ones.
+    """
+    if ":" in env_id:
+        return _build_from_path(env_id, env_kwargs)
+    entry = REGISTRY.get(env_id)
+    if entry is None:
+        raise UnknownEnvError(_unknown_id_message(env_id))
+    module = _import_env_module(entry.module, env_id)
+    kwargs = {"render_mode": "rgb_array", **env_kwargs}
+    accepted = _accepted_kwargs(module)
+    if accepted is not None:
+        unexpected = sorted(set(kwargs) - accepted)
+        if unexpected:
+            raise EnvArgumentError(
+                f"{env_id} got unexpected argument(s) {', '.join(unexpected)}; "
+                f"it accepts: {', '.join(sorted(accepted))}"
+            )
+    size = kwargs.get("map_size")
+    if entry.min_map_size is not None and size is not None and size < entry.min_map_size:
+        raise EnvArgumentError(f"{env_id} needs map_size >= {entry.min_map_size}, got {size}")
+    try:
+        return module.parallel_env(**kwargs)
+    except (TypeError, ValueError, AssertionError) as err:
+        raise EnvArgumentError(f"could not build {env_id} with {env_kwargs}: {err}") from None
+
+
+def _build_from_path(env_id: str, env_kwargs: dict):
+    module_name, _, fn_name = env_id.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UnknownEnvError(f"cannot import {module_name!r} for env {env_id!r}: {err}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise UnknownEnvError(f"{module_name!r} has no function {fn_name!r} (env id {env_id!r})")
+    try:
+        env = fn(**env_kwargs)
+    except TypeError as err:
+        raise EnvArgumentError(f"could not build {env_id} with {env_kwargs}: {err}") from None
+    # Imported here: the conversion module pulls in all of PettingZoo's wrappers.
+    from pettingzoo.utils.conversions import aec_to_parallel
+    from pettingzoo.utils.env import AECEnv
+
+    if isinstance(env, AECEnv):
+        env = aec_to_parallel(env)
+    return env
+
+
+def env_factory(env_id: str, **env_kwargs) -> functools.partial:
+    """A picklable zero-argument callable that builds the env (what subprocess workers call)."""
+    return functools.partial(build_parallel_env, env_id, **env_kwargs)
+
+
+def make(
+    env_id: str,
+    num_envs: int = 1,
+    seed: int = 0,
+    vector: str = "sync",
+    backend: str = "pettingzoo",
+    **env_kwargs,
+) -> VecEnv:
+    """Make `num_envs` copies of a multi-agent env behind the `VecEnv` contract (`envs/api.py`).
+
+    Args:
+        env_id: a registered id (see `known_ids()`) or `"package.module:function"` returning a
+            PettingZoo parallel env.
+        num_envs: E, the number of env copies stepped together.
+        seed: env i is reset with `seed + i` at the first `reset()`; later auto-resets continue each
+            env's own random generator, so a run is a deterministic function of the seed.
+        vector: `"sync"` steps the envs one after another in this process; `"subproc"` runs one
+            worker process per env and moves observations through shared memory. Both give
+            identical trajectories. Ignored by the numba backend.
+        backend: `"pettingzoo"`, `"numba"` to delegate MPE ids to `envs.mpe.make_vec`, or `"auto"`:
+            numba for the ids it implements, pettingzoo for every other id.
+        **env_kwargs: passed to the env constructor (e.g. `N=5`, `max_cycles=50`, `map_size=20`,
+            `continuous_actions=True`).
+
+    Returns:
+        A `VecEnv`: call `reset()` first, then `step(actions)` (auto-resets finished envs).
+
+    Raises:
+        UnknownEnvError, EnvArgumentError, EnvNotAvailableError: with a message saying what to fix.
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if backend == "auto":
+        backend = "numba" if env_id in _numba_ids() else "pettingzoo"
+    if backend == "numba":
+        return _make_numba(env_id, num_envs, seed, **env_kwargs)
+    if backend != "pettingzoo":
+        raise ValueError(f"unknown backend {backend!r}: use 'pettingzoo', 'numba' or 'auto'")
+    if vector not in ("sync", "subproc"):
+        raise ValueError(f"unknown vector mode {vector!r}: use 'sync' or 'subproc'")
+    # Fail on a bad id before doing any work, with the same message for both vector modes.
+    if ":" not in env_id and env_id not in REGISTRY:
+        raise UnknownEnvError(_unknown_id_message(env_id))
+    entry = REGISTRY.get(env_id)
+    state_from_obs = entry.state_from_obs if entry is not None else False
+    factory = env_factory(env_id, **env_kwargs)
+    if vector == "sync":
+        from envs.pettingzoo_env import SyncVecEnv
+
+        return SyncVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs)
+    from envs.subproc import SubprocVecEnv
+
+    return SubprocVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs)
+
+
+def _numba_ids() -> set[str]:
+    """The ids the Numba MPE backend implements (empty when it cannot be imported)."""
+    try:
+        from envs.mpe import SCENARIOS
+    except ImportError:
+        return set()
+    return set(SCENARIOS)
+
+
+def _make_numba(env_id: str, num_envs: int, seed: int, **env_kwargs) -> VecEnv:
+    """Delegate to the Numba MPE backend (`envs.mpe.make_vec`) when it is installed."""
+    try:
+        module = importlib.import_module("envs.mpe")
+    except ModuleNotFoundError as err:
+        if err.name not in ("envs.mpe", "envs"):
+            raise  # the backend exists but one of its own imports is missing: show that
+        raise EnvNotAvailableError(
+            "the Numba MPE backend is not available: envs.mpe could not be imported; use backend='pettingzoo'"
+        ) from None
+    make_vec = getattr(module, "make_vec", None)
+    if make_vec is None:
+        raise EnvNotAvailableError(
+            "the Numba MPE backend is not available: envs.mpe has no make_vec(env_id, num_envs, seed, **kwargs)"
+        )
+    return make_vec(env_id, num_envs, seed, **env_kwargs)
