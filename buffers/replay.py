@@ -113,9 +113,7 @@ class ReplayBuffer:
         terminated = self.data["terminated"][window, envs] != 0
         episode_end = terminated | (self.data["truncated"][window, envs] != 0) | newest
         dtype = np.float64 if rewards.dtype == np.float64 else np.float32
-        sums, discounts, last = kernels.nstep_returns(
-            rewards.astype(dtype), terminated, episode_end, gamma, n
-        )
+        sums, discounts, last = kernels.nstep_returns(rewards.astype(dtype), terminated, episode_end, gamma, n)
         boot_rows = window[last[0], np.arange(len(rows))]
         batch["rewards"] = sums[0].astype(rewards.dtype)
         batch["discounts"] = discounts[0]

@@ -89,9 +89,7 @@ def bench_trees(rng, repeats):
     m.update(np.arange(cap), p)
     rows = {
         "SumTree.sample_stratified(256)": timeit(lambda: s.sample_stratified(n, rng), tuple, repeats),
-        "SumTree.find_prefixsum(256 queries)": timeit(
-            s.find_prefixsum, lambda: (rng.random(n) * s.sum(),), repeats
-        ),
+        "SumTree.find_prefixsum(256 queries)": timeit(s.find_prefixsum, lambda: (rng.random(n) * s.sum(),), repeats),
         "SumTree.update(256)": timeit(s.update, lambda: (rng.integers(0, cap, n), rng.random(n)), repeats),
         "MinTree.update(256)": timeit(m.update, lambda: (rng.integers(0, cap, n), rng.random(n)), repeats),
         "SumTree.sum() + MinTree.min()": timeit(lambda: (s.sum(), m.min()), tuple, repeats),
@@ -155,9 +153,7 @@ def machine():
 
 def commit():
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         return "unknown"
 
@@ -207,9 +203,7 @@ def write_markdown(report, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one reference repeat everywhere")
     parser.add_argument("--out", type=Path, default=OUT, help="directory for kernels.md / kernels.json")
     args = parser.parse_args()

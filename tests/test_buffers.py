@@ -56,9 +56,7 @@ def test_rollout_gae_equals_reference_with_truncation_bootstrap():
     end = term | rb["truncated"][:, :, None]
     nv = np.concatenate([v[1:], last[None]])
     nv = np.where(end, rb["final_values"], nv)
-    want_adv, want_ret = reference.gae(
-        *(x.reshape(8, -1) for x in (rb["rewards"], v, nv, term, end)), 0.99, 0.95
-    )
+    want_adv, want_ret = reference.gae(*(x.reshape(8, -1) for x in (rb["rewards"], v, nv, term, end)), 0.99, 0.95)
     np.testing.assert_allclose(adv.reshape(8, -1), want_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret.reshape(8, -1), want_ret, rtol=1e-5, atol=1e-5)
     # the truncated step's target uses V(final obs), not the next episode's first value
