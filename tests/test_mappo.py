@@ -134,3 +134,8 @@ def test_corrupt_or_foreign_checkpoint_is_refused(tmp_path):
     run("mappo", "--total-timesteps", 50, "--eval-interval", 0, "--run-dir", tmp_path / "r")
     proc = run("mappo", "--env", "simple_adversary_v3", "--eval-checkpoint", tmp_path / "r" / "last.pt", check=False)
     assert proc.returncode == 2 and "do not match" in proc.stderr
+
+
+def test_numba_backend_trains(tmp_path):
+    run("mappo", "--total-timesteps", 100, "--eval-interval", 0, "--run-dir", tmp_path, "--backend", "numba")
+    assert "MPEVecEnv" in (tmp_path / "config.json").read_text()

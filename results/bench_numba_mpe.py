@@ -1,0 +1,227 @@
+"""Speed of the Numba MPE backend (`envs.mpe`) against mpe2, per scenario, on one core.
+
+    python results/bench_numba_mpe.py        # writes results/speed/numba_mpe.md and numba_mpe.json
+
+For each of the nine scenarios (default kwargs, discrete actions, max_cycles 25 with resets):
+
+* mpe2: its raw parallel env (`mpe2.<scenario>.parallel_env()`), one env, reset when its agents
+  are gone. "with actions": every step samples each agent's action space (the usual random loop);
+  "step only": the actions come from a pre-drawn table.
+* ours: `envs.mpe.make_vec(scenario, num_envs=E)` at E = 1, 64 and 1024, auto-reset and episode
+  statistics included. "with actions": numpy draws the (E, A) actions every step
+  (`Generator.integers`); "step only": the actions come from a pre-drawn table.
+
+env-steps/s counts one env advancing one step (ours: E per call), so mpe2 at 1 env compares
+directly. Each figure is the best of `--repeats` timed rounds of about `--seconds` seconds (best,
+not mean: the machine is shared and other load only ever slows a round down). The process is pinned
+to one core and Numba runs single-threaded.
+"""
+
+import os
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from importlib.metadata import version  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from envs.mpe import SCENARIOS, make_vec  # noqa: E402
+from envs.mpe.mpe2_bridge import mpe2_module  # noqa: E402
+
+SIZES = (1, 64, 1024)
+TARGET = ("simple_spread_v3", 1024, 240_000)  # the goal: >= 100x mpe2 on simple_spread at 1024 envs
+
+
+def best_rate(run_round, seconds: float, repeats: int) -> float:
+    """Best env-steps/s over `repeats` rounds; run_round(n) does n calls and returns env-steps made."""
+    n = 1  # calibrate the number of calls per round to about `seconds`
+    while True:
+        start = time.perf_counter()
+        run_round(n)
+        elapsed = time.perf_counter() - start
+        if elapsed > seconds / 4:
+            break
+        n *= 4
+    n = max(1, int(n * seconds / elapsed))
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        steps = run_round(n)
+        best = max(best, steps / (time.perf_counter() - start))
+    return best
+
+
+def bench_mpe2(name: str, seconds: float, repeats: int) -> dict:
+    env = mpe2_module(name).parallel_env()
+    env.reset(seed=0)
+    agents = env.possible_agents
+    spaces = {a: env.action_space(a) for a in agents}
+    for k, a in enumerate(agents):
+        spaces[a].seed(k)
+    table = [{a: spaces[a].sample() for a in agents} for _ in range(256)]
+
+    def sampled(n):
+        for _ in range(n):
+            env.step({a: spaces[a].sample() for a in agents})
+            if not env.agents:
+                env.reset()
+        return n
+
+    def pre_drawn(n):
+        for t in range(n):
+            env.step(table[t % 256])
+            if not env.agents:
+                env.reset()
+        return n
+
+    return {
+        "with_actions": best_rate(sampled, seconds, repeats),
+        "step_only": best_rate(pre_drawn, seconds, repeats),
+    }
+
+
+def bench_ours(name: str, num_envs: int, seconds: float, repeats: int) -> dict:
+    env = make_vec(name, num_envs=num_envs, seed=0)
+    env.reset()
+    rng = np.random.default_rng(0)
+    shapes = {g: (spec.action_dim, (num_envs, spec.n_agents)) for g, spec in env.groups.items()}
+    table = [{g: rng.integers(0, n, shape) for g, (n, shape) in shapes.items()} for _ in range(16)]
+
+    def sampled(n):
+        for _ in range(n):
+            env.step({g: rng.integers(0, k, shape) for g, (k, shape) in shapes.items()})
+        return n * num_envs
+
+    def pre_drawn(n):
+        for t in range(n):
+            env.step(table[t % 16])
+        return n * num_envs
+
+    return {
+        "with_actions": best_rate(sampled, seconds, repeats),
+        "step_only": best_rate(pre_drawn, seconds, repeats),
+    }
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "pinned_to_core": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {p: version(p) for p in ("numpy", "numba", "mpe2", "pettingzoo")},
+        "commit": commit,
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    v = ", ".join(f"{k} {x}" for k, x in m["versions"].items())
+    lines = [
+        "# Numba MPE speed",
+        "",
+        f"Generated by `{report['command']}` on {report['date']} (commit {m['commit']}).",
+        f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, pinned to core {m['pinned_to_core']}, "
+        f"{m['platform']}, Python {m['python']}; {v}.",
+        f"Load average before / after: {m['load_average']} / {report['load_average_after']} (a shared machine: "
+        "each figure is the best of "
+        f"{report['repeats']} rounds of ~{report['seconds']} s).",
+        "",
+        "env-steps/s = one env advancing one step; ours steps E envs per call (auto-reset and episode",
+        "statistics included). mpe2 = its raw parallel env, one env. Discrete actions, default kwargs,",
+        "max_cycles 25. Ratio = ours / mpe2.",
+    ]
+    for mode, title in (("with_actions", "With random actions drawn every step"), ("step_only", "Step only")):
+        lines += ["", f"## {title}", ""]
+        if mode == "with_actions":
+            lines.append("mpe2: `action_space(a).sample()` per agent; ours: `Generator.integers` per group, (E, A).")
+        else:
+            lines.append("Actions read from a pre-drawn table.")
+        lines += [
+            "",
+            "| scenario | mpe2 | ours E=1 | ours E=64 | ours E=1024 | ratio E=1 | ratio E=64 | ratio E=1024 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in report["results"].items():
+            base = r["mpe2"][mode]
+            ours = [r["ours"][str(E)][mode] for E in SIZES]
+            ratios = " | ".join(f"{x / base:,.0f}x" for x in ours)
+            lines.append(f"| {name} | {fmt(base)} | {' | '.join(fmt(x) for x in ours)} | {ratios} |")
+    name, E, goal = TARGET
+    if name in report["results"]:
+        got = report["results"][name]["ours"][str(E)]["with_actions"]
+        base = report["results"][name]["mpe2"]["with_actions"]
+        lines += [
+            "",
+            f"Target: {name} >= {goal:,} env-steps/s at {E} envs (with actions): **{fmt(got)}** "
+            f"({got / base:,.0f}x mpe2) - {'met' if got >= goal else 'NOT met'}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=0.5, help="length of one timed round")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per figure (the best is kept)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario ids")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "speed" / "numba_mpe"), help="output stem")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):  # one core: the last one this process may use
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    started = time.perf_counter()
+    report = {
+        "command": "python results/bench_numba_mpe.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "seconds": args.seconds,
+        "repeats": args.repeats,
+        "results": {},
+    }
+    for name in args.scenarios.split(","):
+        make_vec(name, num_envs=2).reset()  # compile (or load from Numba's cache) outside the timings
+        r = {"mpe2": bench_mpe2(name, args.seconds, args.repeats), "ours": {}}
+        for E in SIZES:
+            r["ours"][str(E)] = bench_ours(name, E, args.seconds, args.repeats)
+        report["results"][name] = r
+        ours = r["ours"][str(SIZES[-1])]["with_actions"]
+        base = r["mpe2"]["with_actions"]
+        print(f"{name:28s} mpe2 {fmt(base):>8} | ours E={SIZES[-1]} {fmt(ours):>11} ({ours / base:,.0f}x)", flush=True)
+    report["load_average_after"] = list(os.getloadavg())
+    report["wall_seconds"] = round(time.perf_counter() - started, 1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(f"wrote {out.with_suffix('.md')} and .json in {report['wall_seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
