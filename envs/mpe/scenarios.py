@@ -515,25 +515,37 @@ def build_tag(
 
 
 @njit(cache=True)
+def adversary_contacts(size, pos, n_adv, n):
+    """(good, adversary) pairs in contact: the catches shared by the adversaries of tag and world_comm."""
+    catches = 0
+    for g in range(n_adv, n):
+        catches += touched_by_adversaries(size, pos, n_adv, g)
+    return catches
+
+
+@njit(cache=True)
+def touched_by_adversaries(size, pos, n_adv, i):
+    """How many adversaries touch agent i."""
+    count = 0
+    for a in range(n_adv):
+        if touching(size, pos, a, i):
+            count += 1
+    return count
+
+
+@njit(cache=True)
 def reward_tag(spec, world, rew):
     # adversaries share +10 per (good, adversary) contact; a good agent pays 10 per adversary
     # touching it and the bound penalty for leaving the screen
     n, n_adv, size = spec.n_agents, spec.n_adversaries, spec.size
     for e in range(rew.shape[0]):
         pos = world.pos[e]
-        catches = 0
-        for g in range(n_adv, n):
-            for a in range(n_adv):
-                if touching(size, pos, g, a):
-                    catches += 1
+        catches = adversary_contacts(size, pos, n_adv, n)
         for i in range(n):
             if i < n_adv:
                 rew[e, i] = 10.0 * catches
             else:
-                r = 0.0
-                for a in range(n_adv):
-                    if touching(size, pos, a, i):
-                        r -= 10
+                r = -10.0 * touched_by_adversaries(size, pos, n_adv, i)
                 for p in range(2):
                     r -= bound_penalty(abs(pos[i, p]))
                 rew[e, i] = r
@@ -573,10 +585,7 @@ def terminal_tag(spec, world, flags):
         pos = world.pos[e]
         all_caught = True
         for g in range(spec.n_adversaries, spec.n_agents):
-            caught = False
-            for a in range(spec.n_adversaries):
-                caught = caught or touching(spec.size, pos, g, a)
-            all_caught = all_caught and caught
+            all_caught = all_caught and touched_by_adversaries(spec.size, pos, spec.n_adversaries, g) > 0
         flags[e] = all_caught
 
 
@@ -732,11 +741,7 @@ def reward_world_comm(spec, world, rew):
     food0 = n + spec.n_obstacles
     for e in range(rew.shape[0]):
         pos = world.pos[e]
-        catches = 0
-        for g in range(n_adv, n):
-            for a in range(n_adv):
-                if touching(size, pos, g, a):
-                    catches += 1
+        catches = adversary_contacts(size, pos, n_adv, n)
         for i in range(n):
             if i < n_adv:
                 # adversary: -0.1 * distance to the closest good agent, +5 per (good, adversary) contact
@@ -747,10 +752,7 @@ def reward_world_comm(spec, world, rew):
             else:
                 # good: -5 per adversary touching it, -2 * bound, +2 per food touched,
                 # -0.05 * distance to the closest food
-                r = 0.0
-                for a in range(n_adv):
-                    if touching(size, pos, a, i):
-                        r -= 5
+                r = -5.0 * touched_by_adversaries(size, pos, n_adv, i)
                 for p in range(2):
                     r -= 2 * bound_penalty(abs(pos[i, p]))
                 closest = np.inf
