@@ -16,6 +16,7 @@ Usage::
     python results/run.py --algos mappo,ippo --envs simple_spread_v3 --seeds 5 \\
         --total-timesteps 10000000 --extra "--num-envs 32"
     python results/run.py ... --seeds 1,3            # explicit seeds (a single seed: --seeds 3,)
+    python results/run.py --algos dqn ... --variant per --extra=--prioritized   # -> <env>/dqn-per.json
     python results/run.py ... --ray                  # a local Ray instance (ray.init())
     python results/run.py ... --ray-address auto     # an existing cluster (auto | ray://host:port)
 
@@ -192,7 +193,7 @@ class Run:
     """One (env, algo, seed) of the sweep."""
 
     env_id: str
-    algo: str
+    algo: str  # the result label: the script's name, or "<script>-<variant>"
     seed: int
     run_dir: Path
     argv: list[str]  # argv[0] is "python": the recorded command
@@ -271,12 +272,13 @@ def plan(args: argparse.Namespace) -> list[Run]:
             raise SystemExit(f"error: no script {script} (algorithms in {args.algos_dir}: {known})")
     for env_id in args.envs:
         for algo in args.algos:
+            label = f"{algo}-{args.variant}" if args.variant else algo
             for seed in args.seeds:
-                run_dir = run_dir_for(args.out, env_id, algo, seed)
+                run_dir = run_dir_for(args.out, env_id, label, seed)
                 argv = ["python", _display_path(args.algos_dir / f"{algo}.py"), "--env-id", env_id]
                 argv += ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps)]
                 argv += ["--run-dir", _display_path(run_dir), *shlex.split(args.extra)]
-                runs.append(Run(env_id, algo, seed, run_dir, argv))
+                runs.append(Run(env_id, label, seed, run_dir, argv))
     return runs
 
 
@@ -396,6 +398,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--extra", default="", help="flags for every script: '--num-envs 32' (one flag alone: --extra=--cuda)"
     )
+    parser.add_argument(
+        "--variant",
+        default="",
+        help="label of a non-default configuration: results go to <env>/<algo>-<variant>.json (e.g. 'continuous')",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
     parser.add_argument("--algos-dir", type=Path, default=REPO_ROOT / "algos", help="scripts (default algos/)")
     parser.add_argument("--workers", type=int, default=None, help="parallel runs (default: the cpu count)")
@@ -412,6 +419,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.total_timesteps < 1:
         parser.error("--total-timesteps must be >= 1")
+    if args.variant and not args.variant.replace("_", "").replace("-", "").isalnum():
+        parser.error(f"--variant {args.variant!r}: use letters, digits, '-' and '_' only (it names files)")
     args.out = args.out.resolve()
     args.algos_dir = args.algos_dir.resolve()
     args.use_ray = args.ray or args.ray_address is not None

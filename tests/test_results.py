@@ -139,6 +139,16 @@ def test_dry_run_prints_the_exact_commands(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_variant_labels_the_run_directories_and_rejects_path_characters(tmp_path, capsys):
+    argv = ["--algos", "fake_a", "--envs", "env_x", "--seeds", "1", "--total-timesteps", "7", "--dry-run"]
+    argv += ["--algos-dir", str(FAKES), "--out", str(tmp_path), "--extra=--fast"]
+    assert sweep_runner.main([*argv, "--variant", "fast"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"--run-dir {tmp_path.resolve()}/runs/env_x/fake_a-fast/seed0 --fast")
+    with pytest.raises(SystemExit):
+        sweep_runner.main([*argv, "--variant", "../x"])
+    assert "letters, digits" in capsys.readouterr().err
+
+
 def test_unknown_algorithm_fails_before_running_anything(tmp_path):
     argv = ["--algos", "fake_a,nope", "--envs", "env_x", "--total-timesteps", "7"]
     with pytest.raises(SystemExit, match=r"no script .*nope\.py.*fake_a"):
