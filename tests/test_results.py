@@ -143,7 +143,8 @@ def test_variant_labels_the_run_directories_and_rejects_path_characters(tmp_path
     argv = ["--algos", "fake_a", "--envs", "env_x", "--seeds", "1", "--total-timesteps", "7", "--dry-run"]
     argv += ["--algos-dir", str(FAKES), "--out", str(tmp_path), "--extra=--fast"]
     assert sweep_runner.main([*argv, "--variant", "fast"]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"--run-dir {tmp_path.resolve()}/runs/env_x/fake_a-fast/seed0 --fast")
+    expected = f"--run-dir {tmp_path.resolve()}/runs/env_x/fake_a-fast/seed0 --fast"
+    assert capsys.readouterr().out.strip().endswith(expected)
     with pytest.raises(SystemExit):
         sweep_runner.main([*argv, "--variant", "../x"])
     assert "letters, digits" in capsys.readouterr().err
