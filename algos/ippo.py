@@ -94,6 +94,12 @@ class Args:
     """running mean/std normalization of value targets"""
     ortho_init: bool = True
     """orthogonal initialization"""
+    feature_norm: bool = False
+    """LayerNorm on the actor's and critic's inputs (the MAPPO paper's feature normalization)"""
+    rnn: bool = False
+    """a GRU cell in place of the second hidden layer of actor and critic (recurrent IPPO)"""
+    rnn_chunk: int = 25
+    """--rnn: steps per training sequence (divides --num-steps); each starts from the stored hidden state"""
     hidden_size: int = 64
     share_params: bool = True
     """one network per group with an agent-id one-hot (--no-share-params: one network per agent)"""
@@ -121,10 +127,37 @@ class GroupLinear(nn.Module):
         return torch.einsum("bai,aio->bao", x, self.weight) + self.bias.transpose(0, 1)
 
 
-def mlp(n, d_in, d_out, args, out_std):
-    h, o = args.hidden_size, args.ortho_init
-    layers = [GroupLinear(n, d_in, h, ortho=o), nn.ReLU(), GroupLinear(n, h, h, ortho=o), nn.ReLU()]
-    return nn.Sequential(*layers, GroupLinear(n, h, d_out, std=out_std, ortho=o))
+class GroupGRU(nn.Module):
+    """A GRU cell per agent (n=1: shared) on (B, A, h) inputs and hidden states."""
+
+    def __init__(self, n, h, ortho=True):
+        super().__init__()
+        self.x2g, self.h2g = GroupLinear(n, h, 3 * h, 1.0, ortho), GroupLinear(n, h, 3 * h, 1.0, ortho)
+
+    def forward(self, x, hx):
+        xr, xz, xn = self.x2g(x).chunk(3, -1)
+        hr, hz, hn = self.h2g(hx).chunk(3, -1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        return (1 - z) * torch.tanh(xn + r * hn) + z * hx
+
+
+class Net(nn.Module):
+    """[LayerNorm] -> Linear -> ReLU -> Linear -> ReLU (--rnn: a GRU cell) -> Linear, on (B, A, d_in)."""
+
+    def __init__(self, n, d_in, d_out, args, out_std):
+        super().__init__()
+        h, o = args.hidden_size, args.ortho_init
+        self.norm = nn.LayerNorm(d_in) if args.feature_norm else nn.Identity()  # inputs of different scales
+        self.fc = GroupLinear(n, d_in, h, ortho=o)
+        self.mid = GroupGRU(n, h, o) if args.rnn else GroupLinear(n, h, h, ortho=o)
+        self.head = GroupLinear(n, h, d_out, std=out_std, ortho=o)
+
+    def forward(self, x, hx=None):  # -> (B, A, d_out) and the next hidden state (None without --rnn)
+        x = torch.relu(self.fc(self.norm(x)))
+        if hx is None:
+            return self.head(torch.relu(self.mid(x))), None
+        hx = self.mid(x, hx)
+        return self.head(hx), hx
 
 
 class ValueNorm(nn.Module):
@@ -158,8 +191,8 @@ class Policy(nn.Module):
         self.spec, self.with_id = spec, args.share_params and spec.n_agents > 1
         n, ids = (1 if args.share_params else spec.n_agents), (spec.n_agents if self.with_id else 0)
         obs_dim = int(np.prod(spec.obs_shape))
-        self.actor = mlp(n, obs_dim + ids, spec.action_dim, args, out_std=0.01)
-        self.critic = mlp(n, obs_dim + ids, 1, args, out_std=1.0)
+        self.actor = Net(n, obs_dim + ids, spec.action_dim, args, out_std=0.01)
+        self.critic = Net(n, obs_dim + ids, 1, args, out_std=1.0)
         if not spec.discrete:  # state-independent log-std
             self.logstd = nn.Parameter(torch.zeros(spec.action_dim))
         self.value_norm, self.use_value_norm = ValueNorm(), args.value_norm
@@ -170,20 +203,23 @@ class Policy(nn.Module):
         eye = torch.eye(self.spec.n_agents, device=x.device).expand(*x.shape[:-1], self.spec.n_agents)
         return torch.cat([x, eye], -1)
 
-    def dist(self, obs, avail=None):  # obs (B, A, *obs_shape) -> a distribution over (B, A) actions
-        out = self.actor(self._with_id(obs.flatten(2)))
+    def actor_out(self, obs, hx=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
+        return self.actor(self._with_id(obs.flatten(2)), hx)
+
+    def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
-            return Normal(out, self.logstd.exp().expand_as(out))
+            return Normal(out, self.logstd.exp().expand_as(out), validate_args=False)  # checks cost ~10% of acting
         if avail is not None:  # action masks: unavailable actions get zero probability
             out = out.masked_fill(avail == 0, -1e9)
-        return Categorical(logits=out)
+        return Categorical(logits=out, validate_args=False)
 
-    def critic_values(self, obs):  # (B, A, *obs_shape) -> normalized V per agent (B, A), from its own obs only
-        return self.critic(self._with_id(obs.flatten(2))).squeeze(-1)
+    def critic_values(self, obs, hx=None):  # (B, A, *obs_shape) -> normalized V (B, A) from own obs, next hidden
+        v, hx = self.critic(self._with_id(obs.flatten(2)), hx)
+        return v.squeeze(-1), hx
 
-    def value(self, obs):
-        v = self.critic_values(obs)
-        return self.value_norm.denormalize(v) if self.use_value_norm else v
+    def value(self, obs, hx=None):  # V in return units (numpy) and the next hidden state
+        v, hx = self.critic_values(obs, hx)
+        return (self.value_norm.denormalize(v) if self.use_value_norm else v).cpu().numpy(), hx
 
     def log_prob_entropy(self, d, actions):
         if self.spec.discrete:
@@ -199,9 +235,23 @@ def masked_mean(mask, x):
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def act(policies, obs, device, rng, random_groups=(), greedy=False):
-    """Actions of every group (numpy, what env.step takes) and their log-probabilities (torch)."""
-    actions, logprobs = {}, {}
+def initial_hidden(policies, args, num_envs, device):  # group -> zero hidden states (None without --rnn)
+    return {g: torch.zeros(num_envs, p.spec.n_agents, args.hidden_size, device=device) if args.rnn else None
+            for g, p in policies.items()}  # fmt: skip
+
+
+def reset_finished(hidden, done, device):  # zero the hidden states of the envs whose episode just ended
+    keep = t(~done, device).view(-1, 1, 1)
+    return {g: None if h is None else h * keep for g, h in hidden.items()}
+
+
+def act(policies, obs, device, rng, hidden, random_groups=(), greedy=False):
+    """Actions of every group (numpy, what env.step takes) and, for the learning groups, what the buffer stores:
+    the sampled actions (Gaussian samples before clipping to the Box) and their log-probabilities.
+
+    `hidden` (group -> the actors' hidden states, or None) is advanced in place.
+    """
+    actions, taken = {}, {}
     for g, pol in policies.items():
         spec, avail = pol.spec, obs.avail_actions.get(g)
         if g in random_groups:  # a frozen group: uniform over the (available) actions
@@ -211,12 +261,13 @@ def act(policies, obs, device, rng, random_groups=(), greedy=False):
             else:
                 actions[g] = rng.uniform(spec.action_low, spec.action_high, shape).astype(np.float32)
             continue
-        d = pol.dist(t(obs.obs[g], device), None if avail is None else t(avail, device))
+        out, hidden[g] = pol.actor_out(t(obs.obs[g], device), hidden[g])
+        d = pol.dist(out, None if avail is None else t(avail, device))
         a = (d.probs.argmax(-1) if spec.discrete else d.mean) if greedy else d.sample()
-        logprobs[g] = pol.log_prob_entropy(d, a)[0]
-        a = a.cpu().numpy()
+        taken[g] = {"actions": a.cpu().numpy(), "logprobs": pol.log_prob_entropy(d, a)[0].cpu().numpy()}
+        a = taken[g]["actions"]  # the log-probability belongs to the sample: only the env sees it clipped
         actions[g] = a if spec.discrete else np.clip(a, spec.action_low, spec.action_high).astype(np.float32)
-    return actions, logprobs
+    return actions, taken
 
 
 def env_kwargs(args):
@@ -233,10 +284,11 @@ def evaluate(policies, args, device, seed, video_path=None):
     n = args.eval_episodes
     env = envs.make(args.env_id, num_envs=n, seed=seed, backend="pettingzoo", **env_kwargs(args))
     obs, returns, group_returns, rng = env.reset(), [None] * n, {}, np.random.default_rng(seed)
-    greedy = lambda o: act(policies, o, device, rng, args.random_groups, greedy=True)[0]  # noqa: E731
+    hidden = initial_hidden(policies, args, n, device)
     with torch.no_grad():
         while any(r is None for r in returns):
-            step = env.step(greedy(obs))
+            step = env.step(act(policies, obs, device, rng, hidden, args.random_groups, greedy=True)[0])
+            hidden = reset_finished(hidden, step.done, device)
             for ep in step.episodes:
                 if returns[ep.env_index] is None:
                     returns[ep.env_index] = ep.episode_return
@@ -244,7 +296,9 @@ def evaluate(policies, args, device, seed, video_path=None):
                         group_returns.setdefault(g, []).append(r)
             obs = step.next
         env.close()
-        if video_path is not None:
+        if video_path is not None:  # one env, so one set of hidden states, reset with the episode
+            hidden = initial_hidden(policies, args, 1, device)
+            greedy = lambda o: act(policies, o, device, rng, hidden, args.random_groups, greedy=True)[0]  # noqa: E731
             envs.record_episode(args.env_id, greedy, video_path, seed=seed, **env_kwargs(args))
     return np.array(returns), {g: float(np.mean(r)) for g, r in group_returns.items()}
 
@@ -284,7 +338,21 @@ def load_checkpoint(path, args, signature):
     return ckpt
 
 
-def rollout_fields(spec):
+NETWORK_FLAGS = ("hidden_size", "share_params", "feature_norm", "rnn")  # what a checkpoint's weights depend on
+
+
+def load_weights(policies, ckpt, path):
+    try:
+        for g, p in policies.items():
+            p.load_state_dict(ckpt["policies"][g])
+    except RuntimeError as e:  # e.g. a checkpoint written before a change of the networks' layout
+        raise ValueError(
+            f"checkpoint {path} holds networks of another layout than this script builds "
+            f"({str(e).splitlines()[1].strip()[:120]})"
+        ) from None
+
+
+def rollout_fields(spec, args):
     """One group's rollout, declared once: name -> (per-env shape, dtype)."""
     A = spec.n_agents
     fields = {
@@ -300,7 +368,24 @@ def rollout_fields(spec):
     }
     if spec.has_action_mask:
         fields["avail_actions"] = ((A, spec.action_dim), np.bool_)
+    if args.rnn:  # the hidden states each step was acted on, and where episodes began (the states restart)
+        H = args.hidden_size
+        fields |= {"h_actor": ((A, H), np.float32), "h_critic": ((A, H), np.float32), "starts": ((), np.bool_)}
     return fields
+
+
+def forward_batch(pol, mb, args):
+    """Actor outputs and normalized values of a minibatch: flat samples, or --rnn chunks (L, N, ...) unrolled."""
+    if not args.rnn:
+        return pol.actor_out(mb["obs"])[0], pol.critic_values(mb["obs"])[0]
+    outs, values, ha, hc = [], [], mb["h_actor"][0], mb["h_critic"][0]
+    for i in range(len(mb["obs"])):  # the hidden states restart at zero where an episode began
+        keep = (1 - mb["starts"][i]).view(-1, 1, 1)
+        out, ha = pol.actor_out(mb["obs"][i], ha * keep)
+        v, hc = pol.critic_values(mb["obs"][i], hc * keep)
+        outs.append(out)
+        values.append(v)
+    return torch.stack(outs), torch.stack(values)
 
 
 def update(pol, opt, rb, args, device, rng):
@@ -308,10 +393,13 @@ def update(pol, opt, rb, args, device, rng):
     clipfracs = []
     norm = pol.value_norm.normalize if args.value_norm else (lambda x: x)
     for _ in range(args.update_epochs):
-        for mb in rb.minibatches(args.num_minibatches, rng):
+        batches = rb.sequences(args.rnn_chunk, args.num_minibatches, rng) if args.rnn else rb.minibatches(
+            args.num_minibatches, rng)  # fmt: skip
+        for mb in batches:
             mb = to_torch(mb, device)
             mask = mb["agent_mask"]  # death masking: a dead agent's steps weigh nothing in any loss
-            logprob, entropy = pol.log_prob_entropy(pol.dist(mb["obs"], mb.get("avail_actions")), mb["actions"])
+            out, new_v = forward_batch(pol, mb, args)  # new_v in normalized units, like the targets below
+            logprob, entropy = pol.log_prob_entropy(pol.dist(out, mb.get("avail_actions")), mb["actions"])
             logratio = logprob - mb["logprobs"]
             ratio = logratio.exp()
             with torch.no_grad():
@@ -324,7 +412,6 @@ def update(pol, opt, rb, args, device, rng):
             clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
             pg_loss = masked_mean(mask, torch.max(-adv * ratio, -adv * clipped_ratio))
 
-            new_v = pol.critic_values(mb["obs"])  # in normalized units, like the targets below
             target, old_v = norm(mb["returns"]), norm(mb["values"])
             err = (target - new_v).abs()
             if args.clip_vloss:
@@ -356,6 +443,8 @@ def main(args):
     if args.cuda and not torch.cuda.is_available():
         raise ValueError("--cuda was given but no CUDA device is available: drop --cuda to train on the CPU")
     device = torch.device("cuda" if args.cuda else "cpu")
+    if args.rnn and (args.rnn_chunk < 1 or args.num_steps % args.rnn_chunk):
+        raise ValueError(f"--rnn-chunk {args.rnn_chunk} must divide --num-steps {args.num_steps}")
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
 
@@ -368,13 +457,16 @@ def main(args):
     signature = env_signature(env)
     if unknown := [g for g in args.random_groups if g not in env.groups]:
         raise ValueError(f"--random-groups {unknown}: {args.env_id} has the groups {list(env.groups)}")
+    ckpt_path = args.eval_checkpoint or (os.path.join(args.resume, "last.pt") if args.resume else None)
+    ckpt = load_checkpoint(ckpt_path, args, signature) if ckpt_path else None
+    for k in NETWORK_FLAGS if ckpt else ():  # the networks are rebuilt as they were trained, whatever the flags
+        setattr(args, k, ckpt["args"].get(k, getattr(args, k)))
     policies = {g: Policy(spec, args).to(device) for g, spec in env.groups.items()}
     optimizers = {g: torch.optim.Adam(p.parameters(), lr=args.learning_rate, eps=1e-5) for g, p in policies.items()}
     learners = [g for g in policies if g not in args.random_groups]
 
     if args.eval_checkpoint:
-        for g, state in load_checkpoint(args.eval_checkpoint, args, signature)["policies"].items():
-            policies[g].load_state_dict(state)
+        load_weights(policies, ckpt, ckpt_path)
         video = os.path.join(os.path.dirname(args.eval_checkpoint), "eval.mp4") if args.capture_video else None
         returns, per_group = evaluate(policies, args, device, args.seed + 10_000, video)
         print(f"{args.env_id} {ALGO} {args.eval_checkpoint}: episodic return {returns.mean():.2f} ± "
@@ -387,9 +479,8 @@ def main(args):
     global_step, start_iteration = 0, 1
     if args.resume:  # same weights, optimizer moments, step counter and RNG: the curve continues
         run_dir = args.resume
-        ckpt = load_checkpoint(os.path.join(run_dir, "last.pt"), args, signature)
+        load_weights(policies, ckpt, ckpt_path)
         for g in policies:
-            policies[g].load_state_dict(ckpt["policies"][g])
             optimizers[g].load_state_dict(ckpt["optimizers"][g])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         torch.set_rng_state(ckpt["rng"]["torch"])
@@ -405,7 +496,7 @@ def main(args):
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
                    name=os.path.basename(run_dir), sync_tensorboard=True)  # fmt: skip
     writer = SummaryWriter(run_dir)
-    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g]))
+    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], args))
                for g in learners}  # fmt: skip
 
     def checkpoint(name, step, it):
@@ -425,7 +516,11 @@ def main(args):
 
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
     best_eval, last_eval, last_eval_step = -np.inf, float("nan"), -1
-    obs = env.reset()
+    obs, starts = env.reset(), np.ones(args.num_envs, bool)
+    h_actor, h_critic = (
+        initial_hidden(policies, args, args.num_envs, device),
+        initial_hidden(policies, args, args.num_envs, device),
+    )
     start_time, start_step, iteration = time.time(), global_step, start_iteration - 1
     bar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     try:
@@ -435,24 +530,33 @@ def main(args):
                 optimizers[g].param_groups[0]["lr"] = lr
 
             for _ in range(args.num_steps):
-                # ACT
+                # ACT (recurrent: the hidden states the step is acted on are stored with it)
                 with torch.no_grad():
-                    actions, logprobs = act(policies, obs, device, rng, args.random_groups)
-                    values = {g: policies[g].value(t(obs.obs[g], device)).cpu().numpy() for g in learners}
+                    stored = {g: {"h_actor": h_actor[g].cpu().numpy(), "h_critic": h_critic[g].cpu().numpy(),
+                                  "starts": starts} if args.rnn else {} for g in learners}  # fmt: skip
+                    actions, taken = act(policies, obs, device, rng, h_actor, args.random_groups)
+                    values = {}
+                    for g in learners:
+                        values[g], h_critic[g] = policies[g].value(t(obs.obs[g], device), h_critic[g])
                 # STEP
                 step = env.step(actions)
                 global_step += args.num_envs
                 # STORE: a truncated episode bootstraps from V(final observation), not the next episode's first
                 with torch.no_grad():
                     trunc = step.truncated.any()
-                    final_values = {g: policies[g].value(t(step.final.obs[g], device)).cpu().numpy() if trunc
+                    final_values = {g: policies[g].value(t(step.final.obs[g], device), h_critic[g])[0] if trunc
                                     else 0 * values[g] for g in learners}  # fmt: skip
                 for g in learners:
                     avail = {"avail_actions": obs.avail_actions[g]} if g in obs.avail_actions else {}
-                    buffers[g].add(obs=obs.obs[g], actions=actions[g], values=values[g],
-                                   logprobs=logprobs[g].cpu().numpy(), rewards=step.rewards[g],
-                                   terminated=step.terminated[g], truncated=step.truncated,
-                                   final_values=final_values[g], agent_mask=obs.agent_mask[g], **avail)  # fmt: skip
+                    buffers[g].add(obs=obs.obs[g], **taken[g], values=values[g],
+                                   rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
+                                   final_values=final_values[g], agent_mask=obs.agent_mask[g], **avail,
+                                   **stored[g])  # fmt: skip
+                h_actor, h_critic = (
+                    reset_finished(h_actor, step.done, device),
+                    reset_finished(h_critic, step.done, device),
+                )
+                starts = step.done
                 if eps := step.episodes:  # one point per step: the mean over the episodes that just finished
                     writer.add_scalar("charts/episodic_return", np.mean([e.episode_return for e in eps]), global_step)
                     writer.add_scalar("charts/episodic_length", np.mean([e.length for e in eps]), global_step)
@@ -465,7 +569,7 @@ def main(args):
             for g in learners:
                 pol, rb = policies[g], buffers[g]
                 with torch.no_grad():
-                    last_values = pol.value(t(obs.obs[g], device)).cpu().numpy()
+                    last_values = pol.value(t(obs.obs[g], device), h_critic[g])[0]
                 rb.compute_gae(last_values, args.gamma, args.gae_lambda)
                 if args.value_norm:
                     alive = torch.as_tensor(rb["agent_mask"])

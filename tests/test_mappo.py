@@ -64,6 +64,38 @@ def test_continuous_two_group_and_frozen_group_runs(algo, tmp_path):
     assert scalars(tmp_path / "f", "losses/policy_loss")
 
 
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--continuous-actions"],
+        ["--rnn", "--rnn-chunk", 5],
+        ["--rnn", "--env", "simple_adversary_v3", "--continuous-actions"],
+    ],
+    ids=["ff", "cont", "rnn", "rnn2"],
+)
+def test_stored_log_probs_are_recomputed_exactly_before_the_first_step(algo, flags, tmp_path):
+    """One epoch of one minibatch: the ratio is computed before any optimizer step, so it must be exactly 1.
+
+    This catches a stored action that differs from the sampled one (a Gaussian sample clipped before its
+    log-probability is recomputed) and, with --rnn, hidden states that differ between acting and training.
+    """
+    run(algo, *flags, "--update-epochs", 1, "--total-timesteps", 100, "--eval-interval", 0, "--run-dir", tmp_path)
+    kl = [v for tag in ("losses/approx_kl", "losses/approx_kl/agent") for _, v in scalars(tmp_path, tag)]
+    assert len(kl) == 2 and max(abs(v) for v in kl) < 1e-6, kl
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_rnn_checkpoint_reloads_to_the_same_actions(algo, tmp_path):
+    out = run(algo, "--rnn", "--total-timesteps", 100, "--eval-interval", 0, "--run-dir", tmp_path)
+    ev = run(algo, "--rnn", "--eval-checkpoint", tmp_path / "last.pt")
+    reloaded = float(re.search(r"episodic return (-?[\d.]+)", ev.stdout).group(1))
+    assert reloaded == pytest.approx(final_return(out.stdout), abs=0.01)
+    ev = run(algo, "--eval-checkpoint", tmp_path / "last.pt")  # the network flags come from the checkpoint
+    assert float(re.search(r"episodic return (-?[\d.]+)", ev.stdout).group(1)) == pytest.approx(reloaded, abs=0.01)
+
+
 def test_battle_small_map_with_agent_deaths(tmp_path):
     flags = ["--env", "battle_v4", "--map-size", 12, "--max-cycles", 30, "--num-steps", 10, "--total-timesteps", 60]
     run("mappo", *flags, "--run-dir", tmp_path)
@@ -117,6 +149,7 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(tmp_path):
         (["--env-kwargs", "{bad json"], "--env-kwargs is not valid JSON"),
         (["--random-groups", "zombies"], "--random-groups ['zombies']"),
         (["--eval-checkpoint", "/no/such/file.pt"], "does not exist"),
+        (["--rnn", "--rnn-chunk", "7"], "--rnn-chunk 7 must divide --num-steps 25"),
     ],
 )
 def test_bad_input_fails_with_one_clear_error(flags, message):
