@@ -31,8 +31,8 @@ class Args:
     """seed of numpy, torch and the envs"""
     total_timesteps: int = 10_000_000
     """env steps, summed over all envs"""
-    num_envs: int = 64
-    """parallel training envs (64: one update per vector step at the default --train-frequency)"""
+    num_envs: int = 128
+    """parallel training envs (128: one actor forward and one env call per 128 transitions)"""
     backend: str = "auto"
     """env backend: 'numba' (compiled MPE), 'pettingzoo', or 'auto' (numba for MPE ids when available)"""
     vector: str = "sync"
@@ -73,12 +73,13 @@ class Args:
     # --- MATD3 (defaults: MADDPG's MPE settings and TD3's three additions, tuned for 10M steps of simple_spread) ---
     buffer_size: int = 1_000_000
     """replay capacity in transitions (one step of one env, every agent); the paper's 1e6"""
-    batch_size: int = 1024
-    """transitions per update (the paper's 1024)"""
+    batch_size: int = 256
+    """transitions per update (XuanCe's 256; MADDPG's 1024 costs ~2x per update)"""
     learning_starts: int = 25_000
     """transitions collected with uniformly random actions before the first update"""
-    train_frequency: int = 64
-    """env steps (summed over envs) per round of --gradient-steps updates: 1 update per 64 transitions, ~156k in 10M"""
+    train_frequency: int = 256
+    """env steps (summed over envs) per round of --gradient-steps updates: 1 update per 256 transitions, ~39k in
+    10M steps (MADDPG's code: 1 per 100 transitions, XuanCe: 1 per 400); the updates dominate the run time"""
     gradient_steps: int = 1
     """updates per round"""
     gamma: float = 0.95
@@ -86,7 +87,7 @@ class Args:
     tau: float = 0.01
     """soft target-network update rate (the paper's 0.01)"""
     actor_lr: float = 1e-3
-    """Adam learning rate of the actors (MADDPG's 1e-2 was for ~25x fewer updates)"""
+    """Adam learning rate of the actors (MADDPG's 1e-2 learned alike over 2M steps of simple_spread)"""
     critic_lr: float = 1e-3
     """Adam learning rate of the critics"""
     max_grad_norm: float = 0.5
@@ -240,16 +241,17 @@ def optimize(loss, optimizer, nets, max_grad_norm, name):
     loss.backward()
     for net in nets if max_grad_norm > 0 else ():  # as if every agent had its own optimizer (the MADDPG code)
         grads = [p.grad for p in net.parameters()]  # every parameter stacks the n networks on its first dim
-        norms = torch.stack([grad.flatten(1).square().sum(1) for grad in grads]).sum(0).sqrt()
-        for grad in grads:
-            grad.mul_((max_grad_norm / (norms + 1e-6)).clamp(max=1.0).view(-1, *(1,) * (grad.dim() - 1)))
+        norms = torch.stack([grad.flatten(1).square().sum(1) for grad in grads]).sum(0).sqrt()  # (n,)
+        scale = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_(grads, [scale.view(-1, *(1,) * (grad.dim() - 1)) for grad in grads])
     optimizer.step()
 
 
-def soft_update(target, source, tau):
+def soft_update(targets, sources, tau):
+    """theta' <- theta' + tau (theta - theta') for every parameter of every network, in one foreach op."""
     with torch.no_grad():
-        for tp, p in zip(target.parameters(), source.parameters(), strict=True):
-            tp.lerp_(p, tau)
+        params = lambda nets: [p for net in nets for p in net.parameters()]  # noqa: E731
+        torch._foreach_lerp_(params(targets), params(sources), tau)
 
 
 def update(b, nets, optimizers, args, learners, num_updates):
@@ -306,8 +308,7 @@ def update(b, nets, optimizers, args, learners, num_updates):
         critics.requires_grad_(True)
         actor_loss = torch.cat(list(actor_losses.values())).sum()
         optimize(actor_loss, optimizers["actor"], [actors[g] for g in learners], args.max_grad_norm, "actor")
-        soft_update(actor_targets, actors, args.tau)
-        soft_update(critic_targets, critics, args.tau)
+        soft_update((actor_targets, critic_targets), (actors, critics), args.tau)
         per_agent["actor_loss"] = actor_losses
     losses = {k: torch.cat(list(v.values())).detach().mean() for k, v in per_agent.items()}  # mean over agents
     if len(learners) > 1:
@@ -460,8 +461,11 @@ def main(args):
               + (f"; video {video}" if video else ""))  # fmt: skip
         return
 
-    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr),
-                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr))  # fmt: skip
+    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
+    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
+    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
+                                             fused=fused),
+                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
     if args.batch_size > args.buffer_size:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}")
     global_step, num_updates = 0, 0
