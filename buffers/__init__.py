@@ -18,6 +18,7 @@ from buffers.episode import EpisodeReplayBuffer
 from buffers.replay import Priorities, PrioritizedReplayBuffer, ReplayBuffer
 from buffers.rollout import RolloutBuffer
 from buffers.schema import BufferError, Schema, to_torch
+from buffers.snapshot import Snapshot
 
 __all__ = [
     "kernels",
@@ -32,4 +33,5 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "Priorities",
     "EpisodeReplayBuffer",
+    "Snapshot",
 ]

@@ -11,11 +11,12 @@ import numpy as np
 
 from buffers.replay import Priorities
 from buffers.schema import BufferError, Schema
+from buffers.snapshot import Snapshot
 
 __all__ = ["EpisodeReplayBuffer"]
 
 
-class EpisodeReplayBuffer:
+class EpisodeReplayBuffer(Snapshot):
     """A ring of `capacity` episodes of at most `max_len` steps each, from `num_envs` envs.
 
     Uniform sampling by default; ``alpha`` switches to proportional prioritized sampling of episodes
@@ -105,6 +106,24 @@ class EpisodeReplayBuffer:
         batch["filled"] = np.arange(rows)[:, None] < lengths[None, :]
         batch["indices"] = indices
         return batch
+
+    def _state(self):  # for Snapshot.save / load: the stored episodes (running ones are dropped)
+        arrays = dict(self.data) | {"_lengths": self.lengths}
+        meta = {"pos": self.pos, "size": self.size}
+        if self.priorities is not None:
+            arrays["_priorities"], meta["max_priority"] = self.priorities.state()
+        return arrays, meta
+
+    def _set_state(self, arrays, meta):
+        for name, arr in self.data.items():
+            arr[...] = arrays[name]
+        self.lengths[:] = arrays["_lengths"]
+        self.pos, self.size = int(meta["pos"]), int(meta["size"])
+        for arr in self.staging.values():  # the envs restart with fresh episodes
+            arr[...] = 0
+        self.t[:] = 0
+        if self.priorities is not None:
+            self.priorities.restore(arrays["_priorities"], self.size, meta["max_priority"])
 
     def update_priorities(self, indices, priorities):
         """Per-episode priorities (e.g. mean |TD error| over the episode's filled steps)."""

@@ -11,11 +11,12 @@ import numpy as np
 from buffers import kernels
 from buffers.schema import BufferError, Schema
 from buffers.segment_tree import MinTree, SumTree
+from buffers.snapshot import Snapshot
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "Priorities"]
 
 
-class ReplayBuffer:
+class ReplayBuffer(Snapshot):
     """Uniform experience replay over vectorized envs.
 
     ``fields``: name -> (per-env shape, dtype). ``uint8_fields``: names of image fields stored as uint8
@@ -65,6 +66,16 @@ class ReplayBuffer:
         self.pos = (self.pos + 1) % self.rows
         self.size = min(self.size + 1, self.rows)
         return written
+
+    def _state(self):  # for Snapshot.save / load
+        return dict(self.data), {"pos": self.pos, "size": self.size}
+
+    def _set_state(self, arrays, meta):
+        for name, arr in self.data.items():
+            arr[...] = arrays[name]
+        self.pos, self.size = int(meta["pos"]), int(meta["size"])
+        if "truncated" in self.schema and self.size:  # the run goes on from a reset: the newest episode was cut
+            self.data["truncated"][(self.pos - 1) % self.rows] = True  # so n-step windows stop there
 
     def _check_sample(self, batch_size):
         if self.size == 0:
@@ -155,6 +166,17 @@ class Priorities:
         self.min_tree.update(indices, p)
         self.max_priority = max(self.max_priority, float(priorities.max(initial=0.0)))
 
+    def state(self):
+        """Every slot's priority^alpha (for a snapshot) and the largest raw priority seen."""
+        return self.sum_tree.get(np.arange(self.sum_tree.capacity)), self.max_priority
+
+    def restore(self, leaves, count, max_priority):
+        """Undo `state()`: the first `count` slots hold data, the others are empty."""
+        slots = np.arange(self.sum_tree.capacity)
+        self.sum_tree.update(slots, np.where(slots < count, leaves, 0.0))
+        self.min_tree.update(slots, np.where(slots < count, leaves, np.inf))
+        self.max_priority = float(max_priority)
+
     def sample(self, batch_size, beta, rng, count):
         """Stratified proportional indices and their importance weights (N P(i))^-beta / max_j w_j."""
         if not 0.0 <= beta <= 1.0:
@@ -192,3 +214,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def update_priorities(self, indices, priorities):
         self.priorities.update(indices, priorities)
+
+    def _state(self):
+        arrays, meta = super()._state()
+        leaves, meta["max_priority"] = self.priorities.state()
+        return arrays | {"_priorities": leaves}, meta
+
+    def _set_state(self, arrays, meta):
+        super()._set_state(arrays, meta)
+        self.priorities.restore(arrays["_priorities"], len(self), meta["max_priority"])

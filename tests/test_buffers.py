@@ -292,6 +292,77 @@ def test_episode_buffer_errors_and_prioritized_episodes():
         eb.sample(2, rng)
 
 
+def assert_same_contents(a, b):
+    for name in a.data:
+        np.testing.assert_array_equal(a.data[name], b.data[name], err_msg=name)
+    assert (a.pos, a.size) == (b.pos, b.size)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_replay_snapshot_round_trips_and_cuts_the_newest_episode(tmp_path, prioritized):
+    kind = PrioritizedReplayBuffer if prioritized else ReplayBuffer
+    rb = kind(5 * E, E, REPLAY_FIELDS)
+    for t in range(7):  # wraps around; no episode ends
+        rb.add(**replay_step(t))
+    if prioritized:
+        rb.update_priorities(np.arange(len(rb)), np.arange(len(rb)) % 7 + 0.5)
+    rb.save(tmp_path / "replay.npz")
+    restored = kind(5 * E, E, REPLAY_FIELDS)
+    restored.load(tmp_path / "replay.npz")
+    newest = (rb.pos - 1) % rb.rows
+    assert restored.data["truncated"][newest].all() and not rb.data["truncated"][newest].any()
+    restored.data["truncated"][newest] = False
+    assert_same_contents(rb, restored)
+    a, b = rb.sample(12, np.random.default_rng(1)), restored.sample(12, np.random.default_rng(1))
+    for name in a:  # the same draws, indices and importance weights
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    if prioritized:
+        assert restored.priorities.max_priority == rb.priorities.max_priority
+        assert restored.priorities.min_tree.min() == rb.priorities.min_tree.min()
+    # after the resume the env restarts: an n-step window from the last saved step must not run into it
+    restored.data["truncated"][newest] = True
+    restored.add(**replay_step(100))
+    batch = restored.gather(newest * E + np.arange(E), n_step=3, gamma=0.5)
+    np.testing.assert_array_equal(batch["next_obs"][:, 0], 7)  # its own next obs (t = 6 -> 7), not step 100's
+    np.testing.assert_allclose(batch["discounts"], 0.5)
+
+
+def test_episode_snapshot_keeps_stored_episodes_and_priorities_and_drops_running_ones(tmp_path):
+    eb = EpisodeReplayBuffer(4, max_len=3, num_envs=2, fields=EPISODE_FIELDS, alpha=0.6)
+    step = dict(obs=np.ones((2, OBS), np.float32), actions=np.array([1, 2]), rewards=np.ones(2, np.float32))
+    for _ in range(3):
+        eb.add(**step)
+        eb.finish([0])
+    eb.update_priorities(np.arange(3), [0.1, 2.0, 0.7])
+    eb.save(tmp_path / "episodes.npz")
+    restored = EpisodeReplayBuffer(4, max_len=3, num_envs=2, fields=EPISODE_FIELDS, alpha=0.6)
+    restored.load(tmp_path / "episodes.npz")
+    assert_same_contents(eb, restored)
+    np.testing.assert_array_equal(restored.lengths, eb.lengths)
+    assert restored.t.tolist() == [0, 0] and not restored.staging["obs"].any()  # env 1's running episode is gone
+    a, b = eb.sample(2, np.random.default_rng(3), beta=0.5), restored.sample(2, np.random.default_rng(3), beta=0.5)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_snapshot_errors_name_the_problem(tmp_path):
+    rb = ReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    rb.add(**replay_step(0))
+    rb.save(tmp_path / "r.npz")
+    with pytest.raises(BufferError, match="no buffer snapshot"):
+        rb.load(tmp_path / "missing.npz")
+    (tmp_path / "bad.npz").write_bytes(b"garbage, not an npz")
+    with pytest.raises(BufferError, match="unreadable"):
+        rb.load(tmp_path / "bad.npz")
+    with pytest.raises(BufferError, match="field 'obs' was saved as float32 \\(4, 3, 4\\).*same capacity"):
+        ReplayBuffer(8 * E, E, REPLAY_FIELDS).load(tmp_path / "r.npz")
+    with pytest.raises(BufferError, match="holds the fields"):
+        ReplayBuffer(4 * E, E, {k: v for k, v in REPLAY_FIELDS.items() if k != "actions"}).load(tmp_path / "r.npz")
+    with pytest.raises(BufferError, match="holds a ReplayBuffer snapshot; this buffer is a PrioritizedReplayBuffer"):
+        PrioritizedReplayBuffer(4 * E, E, REPLAY_FIELDS).load(tmp_path / "r.npz")
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_to_torch_converts_dtypes_in_one_place():
     batch = {"obs": np.zeros((2, 3)), "mask": np.array([True, False]), "actions": np.array([1, 2], np.int32)}
     t = to_torch(batch)
