@@ -59,6 +59,8 @@ class Args:
     """record a greedy episode at each evaluation (or with --eval-checkpoint)"""
     save_model: bool = True
     """write last.pt at the end and best.pt at each best evaluation (Ctrl-C always writes last.pt)"""
+    save_buffer: bool = True
+    """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
     eval_interval: int = 100_000
     """env steps between greedy evaluations (0: only at the end)"""
     eval_episodes: int = 10
@@ -66,7 +68,7 @@ class Args:
     eval_checkpoint: str | None = None
     """evaluate this checkpoint greedily and exit"""
     resume: str | None = None
-    """continue the run in this directory from its last.pt (the replay buffer is not saved: it refills first)"""
+    """continue the run in this directory from its last.pt (and replay.npz, the replay buffer at Ctrl-C)"""
     run_dir: str | None = None
     """where to write (default runs/<env>__matd3__<seed>__<time>)"""
 
@@ -469,7 +471,7 @@ def main(args):
     if args.batch_size > args.buffer_size:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}")
     global_step, num_updates = 0, 0
-    if args.resume:  # same weights, targets, optimizer moments, counters and torch RNG; an empty replay buffer
+    if args.resume:  # same weights, targets, optimizer moments, counters and RNG; the replay buffer below
         run_dir = args.resume
         ckpt = load_checkpoint(os.path.join(run_dir, "last.pt"), args, signature, nets, nets)
         for k, opt in optimizers.items():
@@ -491,6 +493,12 @@ def main(args):
     fields = replay_fields(env.groups, env.state_shape, args)
     per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
     rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
+    replay_file = os.path.join(run_dir, "replay.npz")
+    if args.resume and os.path.exists(replay_file):
+        rb.load(replay_file)
+        print(f"resumed with the {len(rb)} transitions of {replay_file}")
+    elif args.resume:
+        print(f"{replay_file} does not exist: the replay buffer refills for {args.learning_starts} steps")
     learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
 
     def checkpoint(name, step):
@@ -564,6 +572,8 @@ def main(args):
     except (KeyboardInterrupt, FloatingPointError) as e:
         bar.close()
         checkpoint("last.pt", global_step)
+        if args.save_buffer:
+            rb.save(replay_file)
         writer.close()
         if isinstance(e, FloatingPointError):
             raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (no step was taken on that loss)") from None

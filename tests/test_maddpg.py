@@ -134,11 +134,14 @@ def test_ctrl_c_saves_last_checkpoint_and_resume_continues(tmp_path, capsys):
     assert "Traceback" not in stderr and f"--resume {tmp_path}" in stdout
     stopped = torch.load(tmp_path / "last.pt", weights_only=True)
     assert stopped["global_step"] >= 40 and stopped["num_updates"] > 0
-    # --resume: same weights, optimizers and counters; the replay buffer refills before updates restart
+    # --resume: same weights, optimizers, counters and replay buffer, so the updates go on at once:
+    # 100 env steps at 2 envs and one update per 4 env steps are 25 updates (a refill of 32 steps would skip 8)
+    assert (tmp_path / "replay.npz").exists()
     end = stopped["global_step"] + 100
-    run_inline(capsys, "matd3", "--total-timesteps", end, "--eval-interval", 0, "--resume", tmp_path)
+    _, out, _ = run_inline(capsys, "matd3", "--total-timesteps", end, "--eval-interval", 0, "--resume", tmp_path)
+    assert f"resumed with the {min(stopped['global_step'], 1000)} transitions" in out
     ckpt = torch.load(tmp_path / "last.pt", weights_only=True)
-    assert ckpt["global_step"] == end and ckpt["num_updates"] > stopped["num_updates"]
+    assert ckpt["global_step"] == end and ckpt["num_updates"] == stopped["num_updates"] + 25
     assert max(s for s, _ in scalars(tmp_path, "charts/SPS")) == end and (tmp_path / "DONE").exists()
 
 
