@@ -1,9 +1,10 @@
-"""End-to-end training speed of the on-policy scripts, and where the time goes.
+"""End-to-end training speed of the MPE scripts (MAPPO, IPPO, MADDPG, MATD3, IDDPG), and where the time goes.
 
     python results/bench_train.py            # writes results/speed/train.md and train.json
 
-Each script runs as a subprocess with the settings used for the results (its defaults: 128 envs,
-25-step rollouts, 10 PPO epochs) on both env backends; env-steps/s is the script's own last
+Each script runs as a subprocess with the settings used for the results (its defaults: for the PPO scripts
+128 envs, 25-step rollouts, 10 epochs; for the DDPG family 128 envs, one update of 256 per 256 transitions)
+on both env backends; env-steps/s is the script's own last
 `charts/SPS` (evaluation excluded: --eval-interval 0). Then one MAPPO run on the Numba MPE under
 cProfile splits the wall time into acting, env stepping, storing, targets and the PPO update.
 The load average is recorded beside the numbers: on a shared machine they are a lower bound.
@@ -70,16 +71,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=320_000, help="env steps per Numba-MPE run")
     parser.add_argument("--pz-steps", type=int, default=64_000, help="env steps per mpe2 (PettingZoo) run")
+    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg", help="comma-separated scripts")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for algo in ("mappo", "ippo"):
-            for backend, steps, threads in (
-                ("numba", args.steps, 1),
-                ("numba", args.steps, 2),
-                ("pettingzoo", args.pz_steps, 1),
-            ):
+        for algo in args.algos.split(","):
+            two_threads = [("numba", args.steps, 2)] if algo in ("mappo", "ippo") else []
+            for backend, steps, threads in [("numba", args.steps, 1), *two_threads, ("pettingzoo", args.pz_steps, 1)]:
                 value, cmd = sps(algo, backend, steps, threads, tmp)
                 rows.append(
                     dict(algo=algo, backend=backend, torch_threads=threads, steps=steps, sps=value, command=cmd)
@@ -96,7 +95,8 @@ def main():
         "",
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), load average "
         f"{', '.join(f'{x:.1f}' for x in report['load_average'])} at the end. Regenerate: `{report['command']}`.",
-        "Settings: the scripts' defaults (128 envs, 25-step rollouts, 1 minibatch, 10 PPO epochs), evaluation off.",
+        "Settings: the scripts' defaults (PPO: 128 envs, 25-step rollouts, 1 minibatch, 10 epochs; DDPG family: 128 "
+        "envs, batch 256 every 256 transitions, 25k random steps first), evaluation off.",
         "",
         "| script | backend | torch threads | env-steps/s | command |",
         "|---|---|---|---|---|",
@@ -106,7 +106,8 @@ def main():
     ]
     lines += [
         "",
-        "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s;",
+        "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s and its",
+        "MADDPG at ~1,900;",
         "a raw mpe2 loop steps simple_spread at ~2,400 env-steps/s (results/speed/envs.md).",
         "",
         f"## Where the time goes: MAPPO, Numba MPE, 1 thread ({total:.1f} s in main, cProfile)",
