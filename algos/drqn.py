@@ -50,6 +50,8 @@ class Args:
     """film the first greedy episode of each evaluation (or of --eval-checkpoint)"""
     save_model: bool = True
     """write last.pt at the end and best.pt at each best evaluation (Ctrl-C always writes last.pt)"""
+    save_buffer: bool = True
+    """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
     eval_interval: int = 10_000
     """env steps between greedy evaluations (0: only at the end)"""
     eval_episodes: int = 10
@@ -57,7 +59,7 @@ class Args:
     eval_checkpoint: str | None = None
     """evaluate this checkpoint greedily and exit"""
     resume: str | None = None
-    """continue the run in this run directory from its last.pt (the replay buffer refills for --learning-starts)"""
+    """continue the run in this run directory from its last.pt (and replay.npz, the replay buffer at Ctrl-C)"""
     run_dir: str | None = None
     """where to write (default runs/<env>__drqn__<seed>__<time>)"""
 
@@ -274,7 +276,7 @@ def main(args):
     if not max_len:
         raise ValueError(f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len")
     global_step = 0
-    if args.resume:  # same weights, optimizer moments, step counter and RNG; the replay buffer starts empty
+    if args.resume:  # same weights, optimizer moments, step counter and RNG; the replay buffer below
         run_dir = args.resume
         ckpt = load_checkpoint(os.path.join(run_dir, "last.pt"), args, signature)
         q_network.load_state_dict(ckpt["q_network"])
@@ -317,7 +319,12 @@ def main(args):
 
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
     best_eval, last_eval, last_eval_step = -np.inf, float("nan"), -1
-    train_start = global_step + args.learning_starts  # after a resume the empty buffer refills first
+    train_start = global_step + args.learning_starts  # after a resume without replay.npz the buffer refills
+    replay_file = os.path.join(run_dir, "replay.npz")
+    if args.resume and os.path.exists(replay_file):
+        rb.load(replay_file)
+        train_start = global_step
+        print(f"resumed with the {len(rb)} episodes of {replay_file}")
     losses = {}
     obs, _ = env.reset()
     h = torch.zeros(1, args.num_envs, args.hidden_size, device=device)  # GRU state of each env's episode
@@ -373,11 +380,13 @@ def main(args):
     except (KeyboardInterrupt, FloatingPointError) as e:
         bar.close()
         checkpoint("last.pt", global_step)
+        if args.save_buffer:
+            rb.save(replay_file)
         writer.close()
         if isinstance(e, FloatingPointError):
             raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before the bad update)") from None
-        print(f"interrupted at step {global_step}: saved {run_dir}/last.pt; continue with --resume {run_dir} "
-              f"(the replay buffer refills for {args.learning_starts} steps first)")  # fmt: skip
+        saved = f"{run_dir}/last.pt" + (f" and {replay_file}" if args.save_buffer else "")
+        print(f"interrupted at step {global_step}: saved {saved}; continue with --resume {run_dir}")
         sys.exit(130)
     bar.close()
 

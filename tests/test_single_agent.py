@@ -120,8 +120,9 @@ def test_resume_continues_the_step_counter(algo, tmp_path, capsys):
     assert (tmp_path / "DONE").exists()
 
 
-def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(tmp_path):
-    cmd = [sys.executable, str(ROOT / "algos" / "dqn.py"), *TINY["dqn"], "--total-timesteps", "10000000"]
+@pytest.mark.parametrize("algo", ["dqn", "drqn"])
+def test_ctrl_c_saves_checkpoint_and_replay_and_resume_trains_at_once(algo, tmp_path, capsys):
+    cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY[algo], "--total-timesteps", "10000000"]
     proc = subprocess.Popen([*cmd, "--run-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 120
@@ -131,7 +132,14 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr and f"--resume {tmp_path}" in stdout
-    assert torch.load(tmp_path / "last.pt", weights_only=True)["global_step"] >= 200
+    stopped = torch.load(tmp_path / "last.pt", weights_only=True)["global_step"]
+    assert stopped >= 200 and (tmp_path / "replay.npz").exists()
+    # --resume reloads the replay buffer: training goes on at once instead of after --learning-starts steps
+    # (100 dqn, 120 drqn) of refill, so the losses logged within the next 100 steps exist only with the buffer
+    end = stopped + 100
+    _, out, _ = run_inline(capsys, algo, "--total-timesteps", end, "--eval-interval", 0, "--resume", tmp_path)
+    assert re.search(r"resumed with the [1-9]\d* (transitions|episodes)", out), out
+    assert [s for s, _ in scalars(tmp_path, LOSS[algo]) if s > stopped]
 
 
 def test_nan_loss_stops_with_a_clear_error_and_saves_last_checkpoint(tmp_path, capsys):
