@@ -521,10 +521,8 @@ def main(args):
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
     best_eval, last_eval, last_eval_step = -np.inf, float("nan"), -1
     obs, starts = env.reset(), np.ones(args.num_envs, bool)
-    h_actor, h_critic = (
-        initial_hidden(policies, args, args.num_envs, device),
-        initial_hidden(policies, args, args.num_envs, device),
-    )
+    h_actor = initial_hidden(policies, args, args.num_envs, device)  # --rnn: group -> (E, A, H), else None
+    h_critic = initial_hidden(policies, args, args.num_envs, device)
     start_time, start_step, iteration = time.time(), global_step, start_iteration - 1
     bar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     try:
@@ -556,10 +554,8 @@ def main(args):
                                    rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
                                    final_values=final_values[g], agent_mask=obs.agent_mask[g], **avail,
                                    **stored[g])  # fmt: skip
-                h_actor, h_critic = (
-                    reset_finished(h_actor, step.done, device),
-                    reset_finished(h_critic, step.done, device),
-                )
+                h_actor = reset_finished(h_actor, step.done, device)  # the next episodes start from zero
+                h_critic = reset_finished(h_critic, step.done, device)
                 starts = step.done
                 if eps := step.episodes:  # one point per step: the mean over the episodes that just finished
                     writer.add_scalar("charts/episodic_return", np.mean([e.episode_return for e in eps]), global_step)
