@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     errors: list[str] = []
     if not args.no_collect:
         # The result files describe this sweep's seeds, minus those that failed or hold another command.
-        groups = {(e, a): [] for e in args.envs for a in args.algos}
+        groups = {(run.env_id, run.algo): [] for run in runs}  # run.algo: the label, "<algo>-<variant>"
         for run in collectable:
             groups[run.env_id, run.algo].append(run.seed)
         paths, errors = collect(args.out, groups, args.total_timesteps)

@@ -150,6 +150,13 @@ def test_variant_labels_the_run_directories_and_rejects_path_characters(tmp_path
     assert "letters, digits" in capsys.readouterr().err
 
 
+def test_variant_sweep_collects_under_its_label(tmp_path):
+    proc = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "1", "--workers", "1", "--variant", "v2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert load(tmp_path, "fake_a-v2")["algo"] == "fake_a-v2"
+    assert (tmp_path / "runs" / "env_x" / "fake_a-v2" / "seed0" / "DONE").exists()
+
+
 def test_unknown_algorithm_fails_before_running_anything(tmp_path):
     argv = ["--algos", "fake_a,nope", "--envs", "env_x", "--total-timesteps", "7"]
     with pytest.raises(SystemExit, match=r"no script .*nope\.py.*fake_a"):
