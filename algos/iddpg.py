@@ -73,8 +73,8 @@ class Args:
     """where to write (default runs/<env>__iddpg__<seed>__<time>)"""
 
     # --- IDDPG (defaults: MADDPG's MPE settings, tuned for 10M steps of simple_spread; same as maddpg.py) ---
-    buffer_size: int = 1_000_000
-    """replay capacity in transitions (one step of one env, every agent); MADDPG's 1e6"""
+    buffer_size: int = 100_000
+    """replay capacity in transitions (one step of one env, every agent): XuanCe's 100k (the MADDPG paper's 1e6)"""
     batch_size: int = 256
     """transitions per update (XuanCe's 256; MADDPG's 1024 costs ~2x per update)"""
     learning_starts: int = 25_000
@@ -86,10 +86,10 @@ class Args:
     """updates per round"""
     gamma: float = 0.95
     """discount (MADDPG's 0.95 for 25-step MPE episodes)"""
-    tau: float = 0.01
-    """soft target-network update rate (MADDPG's 0.01)"""
-    actor_lr: float = 1e-3
-    """Adam learning rate of the actors (MADDPG's 1e-2 learned alike over 2M steps of simple_spread)"""
+    tau: float = 0.001
+    """soft target-network update rate (XuanCe's 0.001; the MADDPG paper's 0.01)"""
+    actor_lr: float = 1e-2
+    """Adam learning rate of the actors (the MADDPG paper's and XuanCe's 1e-2)"""
     critic_lr: float = 1e-3
     """Adam learning rate of the critics"""
     max_grad_norm: float = 0.5
@@ -102,8 +102,9 @@ class Args:
     """temperature of the straight-through Gumbel-softmax that carries the actor gradient (discrete actions)"""
     actor_reg: float = 1e-3
     """weight of the squared pre-activation (logit / pre-tanh) penalty in the actor loss (the MADDPG code's 1e-3)"""
-    share_params: bool = False
-    """one actor and one critic per group, fed an agent-id one-hot (default: one per agent)"""
+    share_params: bool = True
+    """one actor and one critic per group, fed an agent-id one-hot (as XuanCe); --no-share-params: one per agent,
+    as in the MADDPG paper"""
     random_groups: tuple[str, ...] = ()
     """groups frozen to a uniformly random policy, e.g. adversary (every other group learns)"""
     prioritized: bool = False

@@ -91,12 +91,12 @@ def test_same_seed_same_first_losses_and_another_seed_differs(algo, tmp_path, ca
     [
         ("maddpg", ["--env", "simple_speaker_listener_v4", "--no-continuous-actions", "--prioritized",
                     "--critic-state"], ["speaker", "listener"]),
-        ("maddpg", ["--env", "simple_adversary_v3", "--share-params", "--random-groups", "adversary"], []),
+        ("maddpg", ["--env", "simple_adversary_v3", "--no-share-params", "--random-groups", "adversary"], []),
         ("matd3", ["--env", "simple_adversary_v3", "--no-continuous-actions", "--share-params", "--prioritized"],
          ["adversary", "agent"]),
         ("matd3", ["--env", "simple_speaker_listener_v4", "--gradient-steps", 2], ["speaker", "listener"]),
         ("iddpg", ["--env", "simple_speaker_listener_v4", "--prioritized"], ["speaker", "listener"]),
-        ("iddpg", ["--no-continuous-actions", "--share-params"], []),
+        ("iddpg", ["--no-continuous-actions", "--no-share-params"], []),
         # action masks (the env fails on a masked-out action), a unit that dies mid-episode, termination
         ("maddpg", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions", "--critic-state"], []),
         ("matd3", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions", "--share-params"], []),
