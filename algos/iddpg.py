@@ -3,6 +3,7 @@
 import copy
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -553,6 +554,7 @@ def main(args):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill, a cluster's preemption: save last.pt as Ctrl-C
     args = tyro.cli(Args)
     try:
         main(args)

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -608,6 +609,7 @@ def main(args):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill, a cluster's preemption: save last.pt as Ctrl-C
     args = tyro.cli(Args)
     try:
         main(args)

@@ -133,14 +133,16 @@ def test_resume_continues_the_step_counter(tmp_path):
     assert torch.load(tmp_path / "last.pt", weights_only=True)["global_step"] == 200
 
 
-def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_saves_last_checkpoint_and_exits_cleanly(sig, tmp_path):
+    """Ctrl-C, and SIGTERM (kill, a cluster's preemption, run.py stopping a sweep), both save last.pt."""
     cmd = [sys.executable, str(ROOT / "algos" / "mappo.py"), *TINY, "--total-timesteps", "10000000"]
     proc = subprocess.Popen([*cmd, "--run-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
     deadline = time.time() + 120
     while not scalars(tmp_path, "charts/SPS") and time.time() < deadline:  # wait for a finished iteration
         time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=180)  # saving under a loaded CI can be slow
     assert proc.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr and f"--resume {tmp_path}" in stdout
