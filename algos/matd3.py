@@ -593,7 +593,10 @@ def main(args):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill, a cluster's preemption: save last.pt as Ctrl-C
+    # Ctrl-C, kill -INT and SIGTERM (kill, a cluster's preemption) all save last.pt, also in a background job,
+    # which starts with SIGINT ignored (Python then installs no KeyboardInterrupt handler of its own)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     args = tyro.cli(Args)
     try:
         main(args)

@@ -25,12 +25,6 @@ TINY = ["--backend", "pettingzoo", "--num-envs", "2", "--eval-episodes", "2", "-
 LOSSES = ("losses/qf_loss", "losses/actor_loss", "losses/q_values")
 
 
-def sigint_as_in_a_terminal():
-    """Child setup: a job started in the background (nohup ... &, some CI runners) inherits SIGINT ignored, and
-    Python then installs no KeyboardInterrupt handler; a terminal's Ctrl-C reaches a foreground run with it default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def run(algo, *flags, check=True, timeout=240):
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY, *map(str, flags)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -130,7 +124,7 @@ def test_numba_backend_smoke(tmp_path, capsys):
 def test_ctrl_c_saves_last_checkpoint_and_resume_continues(tmp_path, capsys):
     cmd = [sys.executable, str(ROOT / "algos" / "matd3.py"), *TINY, "--total-timesteps", "10000000"]
     proc = subprocess.Popen([*cmd, "--run-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 120
     while not scalars(tmp_path, "losses/qf_loss") and time.time() < deadline:  # wait for the first updates
         time.sleep(0.5)

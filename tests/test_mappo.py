@@ -16,12 +16,6 @@ ALGOS = ["mappo", "ippo"]
 TINY = ["--backend", "pettingzoo", "--num-envs", "2", "--eval-episodes", "2", "--update-epochs", "2"]
 
 
-def sigint_as_in_a_terminal():
-    """Child setup: a job started in the background (nohup ... &, some CI runners) inherits SIGINT ignored, and
-    Python then installs no KeyboardInterrupt handler; a terminal's Ctrl-C reaches a foreground run with it default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def run(algo, *flags, check=True, timeout=240):
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY, *map(str, flags)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -138,7 +132,7 @@ def test_ctrl_c_or_sigterm_saves_last_checkpoint_and_exits_cleanly(sig, tmp_path
     """Ctrl-C, and SIGTERM (kill, a cluster's preemption, run.py stopping a sweep), both save last.pt."""
     cmd = [sys.executable, str(ROOT / "algos" / "mappo.py"), *TINY, "--total-timesteps", "10000000"]
     proc = subprocess.Popen([*cmd, "--run-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 120
     while not scalars(tmp_path, "charts/SPS") and time.time() < deadline:  # wait for a finished iteration
         time.sleep(0.5)

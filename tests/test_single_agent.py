@@ -30,12 +30,6 @@ STEPS = {"ppo": 128, "dqn": 300, "drqn": 300}  # ppo: two rollouts of 2 envs x 3
 LOSS = {"ppo": "losses/value_loss", "dqn": "losses/td_loss", "drqn": "losses/td_loss"}
 
 
-def sigint_as_in_a_terminal():
-    """Child setup: a job started in the background (nohup ... &, some CI runners) inherits SIGINT ignored, and
-    Python then installs no KeyboardInterrupt handler; a terminal's Ctrl-C reaches a foreground run with it default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def run(algo, *flags, check=True, timeout=240):
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY[algo], *map(str, flags)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -130,7 +124,7 @@ def test_resume_continues_the_step_counter(algo, tmp_path, capsys):
 def test_ctrl_c_saves_checkpoint_and_replay_and_resume_trains_at_once(algo, tmp_path, capsys):
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY[algo], "--total-timesteps", "10000000"]
     proc = subprocess.Popen([*cmd, "--run-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 120
     while not scalars(tmp_path, "losses/td_loss") and time.time() < deadline:  # wait for training to start
         time.sleep(0.5)
