@@ -13,16 +13,23 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
+import shlex
 import sys
+from functools import cache
 from pathlib import Path
 
 import numpy as np
+import tyro
 from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
 NOT_ENV_DIRS = {"runs", "speed"}
 CURVES_NAME = "curves.png"
+ROOT = RESULTS_DIR.parent  # the per-seed commands run from the repository root
+PER_RUN_KEYS = {"seed", "run_dir", "resume", "eval_checkpoint"}  # differ between seeds by design
 REFERENCE_KEYS = {"env_id", "algo", "mean", "std", "best", "n_seeds", "total_timesteps", "protocol", "source"}
 
 
@@ -51,6 +58,49 @@ def load_references(path: Path) -> list[dict]:
         if missing or not ref["source"] or not ref["protocol"]:
             raise SystemExit(f"error: {path}: entry {ref} lacks {sorted(missing) or 'a source or protocol'}")
     return references
+
+
+@cache
+def script_args(script: str) -> type | None:
+    """The ``Args`` dataclass of an ``algos/`` script, imported without running it (None if it has none)."""
+    path = ROOT / script
+    spec = importlib.util.spec_from_file_location(f"_results_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # tyro reads the docstrings through the module
+    spec.loader.exec_module(module)
+    return getattr(module, "Args", None)
+
+
+def config_drift(result: dict) -> str | None:
+    """What rerunning the result's recorded command today would change, in words; None when nothing would.
+
+    The first seed's command is parsed with the script's current ``Args`` and compared with the config the runs
+    recorded: an option whose default changed since makes the row stale (its README command no longer reproduces
+    it). Options added since are named too, since the recorded runs ran without them.
+    """
+    argv = shlex.split(result["per_seed"][0]["command"])
+    if len(argv) < 2 or not (ROOT / argv[1]).is_file():
+        return f"its script `{argv[1] if len(argv) > 1 else argv}` no longer exists"
+    if (ROOT / argv[1]).resolve().parent != ROOT / "algos":
+        return None  # not one of our scripts (a test's stand-in): nothing to compare with
+    args_cls = script_args(argv[1])
+    if not (isinstance(args_cls, type) and dataclasses.is_dataclass(args_cls)):
+        return None
+    try:
+        today = tyro.cli(args_cls, args=argv[2:])
+    except SystemExit:
+        return "its command no longer parses (a flag was renamed or removed)"
+    recorded = result["config"]
+    options = [f.name for f in dataclasses.fields(args_cls) if f.init and f.name not in PER_RUN_KEYS]
+    changed = [
+        f"{key} {json.dumps(recorded[key])} → {json.dumps(value)}"
+        for key in options
+        if key in recorded and json.loads(json.dumps(value := getattr(today, key))) != recorded[key]
+    ]
+    if not changed:
+        return None
+    added = [key for key in options if key not in recorded]
+    return f"{', '.join(changed)}" + (f"; options added since: {', '.join(added)}" if added else "")
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
@@ -157,8 +207,9 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
         "| algorithm | ours: mean ± std (n seeds) | IQM [95% CI] | best eval (mean) | reference | budget (steps) |",
         "|---|---|---|---|---|---|",
     ]
+    drift = {algo: config_drift(result) for algo, result in ours.items()}
     for algo in sorted(set(ours) | set(refs)):
-        cells = [f"`{algo}`", "not run yet", "—", "—", "—", "—"]
+        cells = [f"`{algo}`" + (" (stale)" if drift.get(algo) else ""), "not run yet", "—", "—", "—", "—"]
         if algo in ours:
             result = ours[algo]
             final, best = result["summary"]["final_eval_return"], result["summary"]["best_eval_return"]
@@ -204,6 +255,13 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
     for result in results:
         commands += [c for c in result["sweep_commands"] or result["commands"][:1] if c not in commands]
     lines += ["", "Commands:", "", "```bash", *commands, "```", ""]
+    for algo, changes in drift.items():
+        if changes:
+            lines += [
+                f"**Stale: `{algo}`** was made with older defaults; its command run today would differ in "
+                f"{changes}. Rerun it to refresh the row.",
+                "",
+            ]
     return lines
 
 

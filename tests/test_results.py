@@ -318,6 +318,26 @@ def test_readme_and_png_regenerate_byte_identical(local_sweep, tmp_path):
     assert (out / "env_x" / "curves.png").read_bytes() != png
 
 
+def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
+    """Rerunning a row's recorded command with today's script must reproduce its config, or the README says so."""
+    out = tmp_path / "results"
+    (out / "simple_spread_v3").mkdir(parents=True)
+    result = json.loads((RESULTS / "simple_spread_v3" / "mappo-continuous.json").read_text())
+    path = out / "simple_spread_v3" / "mappo-continuous.json"
+    path.write_text(json.dumps(result))
+    text = make_readme.generate(out).read_text()
+    assert "Stale" not in text and "(stale)" not in text
+    result["config"]["gamma"] = 0.99  # as if the default had been 0.99 when the runs were made
+    del result["config"]["rnn"]
+    path.write_text(json.dumps(result))
+    text = make_readme.generate(out).read_text()
+    assert "| `mappo-continuous` (stale) |" in text
+    assert "**Stale: `mappo-continuous`**" in text and "gamma 0.99 → 0.95; options added since: rnn." in text
+    result["per_seed"][0]["command"] = result["per_seed"][0]["command"] + " --no-such-flag"
+    path.write_text(json.dumps(result))
+    assert "its command no longer parses" in make_readme.generate(out).read_text()
+
+
 def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     log = tmp_path / "launches.txt"
     proc = run_cli(tmp_path, "--algos", "fake_fail,fake_a", "--seeds", "2", "--workers", "2", launch_log=log)
