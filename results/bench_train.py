@@ -4,9 +4,10 @@
 
 Each script runs as a subprocess with the settings used for the results (its defaults: for the PPO scripts
 128 envs, 25-step rollouts, 10 epochs; for the DDPG family 128 envs, one update of 256 per 256 transitions)
-on both env backends; env-steps/s is the script's own last
-`charts/SPS` (evaluation excluded: --eval-interval 0). Then one MAPPO run on the Numba MPE under
-cProfile splits the wall time into acting, env stepping, storing, targets and the PPO update.
+on both env backends (mpe2 also with worker processes for MAPPO and MADDPG); env-steps/s is the script's own
+last `charts/SPS` (evaluation excluded: --eval-interval 0). A bare mpe2 loop, timed in the same run, is the
+reference of the ratios. Then one MAPPO and one MADDPG run on the Numba MPE under cProfile split the wall time
+into acting, env stepping, storing, sampling or targets, and the updates.
 The load average is recorded beside the numbers: on a shared machine they are a lower bound.
 """
 
@@ -15,34 +16,52 @@ import json
 import os
 import platform
 import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
 from datetime import date
 from pathlib import Path
 
+import numpy as np
+from bench_envs import raw_loop
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from envs.registry import build_parallel_env
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
 
-# (function name as pstats reports it, file suffix) -> row label of the time breakdown
+# per profiled script: (function name as pstats reports it, file suffix) -> row label of the time breakdown
 PHASES = {
-    ("update", "algos/mappo.py"): "PPO update (10 epochs: forward, backward, Adam)",
-    ("act", "algos/mappo.py"): "acting (actor forward, sampling)",
-    ("value", "algos/mappo.py"): "critic values while acting",
-    ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
-    ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
-    ("compute_gae", "buffers/rollout.py"): "targets (RolloutBuffer.compute_gae)",
-    ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
+    "mappo": {
+        ("update", "algos/mappo.py"): "PPO update (10 epochs: forward, backward, Adam)",
+        ("act", "algos/mappo.py"): "acting (actor forward, sampling)",
+        ("value", "algos/mappo.py"): "critic values while acting",
+        ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+        ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
+        ("compute_gae", "buffers/rollout.py"): "targets (RolloutBuffer.compute_gae)",
+        ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
+    },
+    "maddpg": {
+        ("update", "algos/maddpg.py"): "updates (critic and actor losses, backward, Adam, soft target update)",
+        ("sample", "buffers/replay.py"): "sampling the batch (ReplayBuffer.sample)",
+        ("act", "algos/maddpg.py"): "acting (actor forward, noise)",
+        ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+        ("add", "buffers/replay.py"): "storing the step (ReplayBuffer.add)",
+        ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
+    },
 }
+SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
 
 
-def sps(algo, backend, steps, threads, workdir):
-    run_dir = Path(workdir) / f"{algo}_{backend}_{threads}"
+def sps(algo, backend, steps, threads, workdir, vector="sync"):
+    run_dir = Path(workdir) / f"{algo}_{backend}_{vector}_{threads}"
     flags = (
         f"--backend {backend} --total-timesteps {steps} --eval-interval 0 --eval-episodes 1 --torch-threads {threads}"
     )
+    if vector != "sync":
+        flags += f" --vector {vector}"
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *flags.split(), "--run-dir", str(run_dir)]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
@@ -50,17 +69,26 @@ def sps(algo, backend, steps, threads, workdir):
     return acc.Scalars("charts/SPS")[-1].value, " ".join(cmd[1:]).replace(str(ROOT) + "/", "")
 
 
-def profile(steps, workdir):
-    prof = Path(workdir) / "mappo.prof"
-    cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(ROOT / "algos" / "mappo.py"), "--backend", "numba",
+def raw_mpe2(steps=3000, repeats=5):
+    """env-steps/s of a bare mpe2 simple_spread_v3 loop (random actions, 1 env): the reference of this run."""
+    env = build_parallel_env("simple_spread_v3")
+    actions = np.random.default_rng(0).integers(0, 5, (steps, 3))
+    raw_loop(env, actions[:50])  # warm-up
+    return steps / statistics.median(raw_loop(env, actions) for _ in range(repeats))
+
+
+def profile(algo, steps, workdir):
+    """Seconds in the script's main() and per phase of PHASES[algo], from one cProfile'd Numba-MPE run."""
+    prof = Path(workdir) / f"{algo}.prof"
+    cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(ROOT / "algos" / f"{algo}.py"), "--backend", "numba",
            "--total-timesteps", str(steps), "--eval-interval", "0", "--eval-episodes", "1",
-           "--run-dir", str(Path(workdir) / "prof_run")]  # fmt: skip
+           "--run-dir", str(Path(workdir) / f"prof_{algo}")]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     stats = pstats.Stats(str(prof)).stats
-    main = next(v[3] for (f, _, name), v in stats.items() if name == "main" and f.endswith("algos/mappo.py"))
+    main = next(v[3] for (f, _, name), v in stats.items() if name == "main" and f.endswith(f"algos/{algo}.py"))
     rows = {}
     for (f, _, name), (_, _, _, cumtime, _) in stats.items():
-        for (fn, suffix), label in PHASES.items():
+        for (fn, suffix), label in PHASES[algo].items():
             if name == fn and f.endswith(suffix):
                 rows[label] = rows.get(label, 0.0) + cumtime
     rows = {k: v for k, v in sorted(rows.items(), key=lambda kv: -kv[1])}
@@ -74,51 +102,80 @@ def main():
     parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg", help="comma-separated scripts")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    rows = []
+    load_before, rows = os.getloadavg(), []
+    raw = raw_mpe2()
+    print(f"raw mpe2 loop: {raw:,.0f} env-steps/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos.split(","):
-            two_threads = [("numba", args.steps, 2)] if algo in ("mappo", "ippo") else []
-            for backend, steps, threads in [("numba", args.steps, 1), *two_threads, ("pettingzoo", args.pz_steps, 1)]:
-                value, cmd = sps(algo, backend, steps, threads, tmp)
-                rows.append(
-                    dict(algo=algo, backend=backend, torch_threads=threads, steps=steps, sps=value, command=cmd)
-                )
-                print(f"{algo:6s} {backend:10s} threads={threads}: {value:,.0f} env-steps/s", flush=True)
-        total, phases = profile(args.steps, tmp)
+            runs = [("numba", args.steps, 1, "sync")]
+            runs += [("numba", args.steps, 2, "sync")] if algo in ("mappo", "ippo") else []
+            runs += [("pettingzoo", args.pz_steps, 1, "sync")]
+            runs += [("pettingzoo", args.pz_steps, 1, "subproc")] if algo in SUBPROC_ALGOS else []
+            for backend, steps, threads, vector in runs:
+                value, cmd = sps(algo, backend, steps, threads, tmp, vector)
+                rows.append(dict(algo=algo, backend=backend, vector=vector, torch_threads=threads, steps=steps,
+                                 sps=value, command=cmd))  # fmt: skip
+                print(f"{algo:6s} {backend:10s} {vector:7s} threads={threads}: {value:,.0f} env-steps/s", flush=True)
+        profiles = {algo: profile(algo, args.steps, tmp) for algo in PHASES if algo in args.algos.split(",")}
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
-                  load_average=os.getloadavg(), command="python results/bench_train.py", runs=rows,
-                  profile=dict(main_seconds=total, phases=phases))  # fmt: skip
+                  load_average_before=load_before, load_average=os.getloadavg(), command="python results/bench_train.py",
+                  raw_mpe2_env_steps_per_s=raw, runs=rows,
+                  profiles={a: dict(main_seconds=t, phases=ph) for a, (t, ph) in profiles.items()})  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "train.md").write_text(markdown(report))
+    print((args.out / "train.md").read_text())
+
+
+def markdown(report):
+    """train.md from the report: the speed table, the ratios measured side by side, the profiles."""
+    loads = [", ".join(f"{x:.1f}" for x in report[k]) for k in ("load_average_before", "load_average")]
     lines = [
         "# End-to-end training speed (env-steps/s)",
         "",
-        f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), load average "
-        f"{', '.join(f'{x:.1f}' for x in report['load_average'])} at the end. Regenerate: `{report['command']}`.",
+        f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), load average {loads[0]} before and "
+        f"{loads[1]} after. Regenerate: `{report['command']}`.",
         "Settings: the scripts' defaults (PPO: 128 envs, 25-step rollouts, 1 minibatch, 10 epochs; DDPG family: 128 "
         "envs, batch 256 every 256 transitions, 25k random steps first), evaluation off.",
         "",
-        "| script | backend | torch threads | env-steps/s | command |",
-        "|---|---|---|---|---|",
+        "| script | backend | vector | torch threads | env-steps/s | command |",
+        "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r['algo']} | {r['backend']} | {r['torch_threads']} | {r['sps']:,.0f} | `{r['command']}` |" for r in rows
+        f"| {r['algo']} | {r['backend']} | {r['vector']} | {r['torch_threads']} | {r['sps']:,.0f} | `{r['command']}` |"
+        for r in report["runs"]
     ]
+    raw = report["raw_mpe2_env_steps_per_s"]
     lines += [
         "",
-        "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s and its",
-        "MADDPG at ~1,900;",
-        "a raw mpe2 loop steps simple_spread at ~2,400 env-steps/s (results/speed/envs.md).",
+        f"Measured in the same run: a bare mpe2 simple_spread_v3 loop (1 env, random actions, no learning) steps "
+        f"**{raw:,.0f} env-steps/s**. Ratios, each script against itself on mpe2 (sync) and against that bare loop:",
         "",
-        f"## Where the time goes: MAPPO, Numba MPE, 1 thread ({total:.1f} s in main, cProfile)",
-        "",
-        "| phase | seconds | share of main |",
-        "|---|---|---|",
+        "| script | Numba MPE / mpe2 sync | Numba MPE / bare mpe2 loop | best mpe2 run / bare mpe2 loop |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {k} | {v:.2f} | {100 * v / total:.0f}% |" for k, v in phases.items()]
-    lines.append("")
-    (args.out / "train.md").write_text("\n".join(lines))
-    print((args.out / "train.md").read_text())
+    for algo in dict.fromkeys(r["algo"] for r in report["runs"]):
+        mine = [r for r in report["runs"] if r["algo"] == algo and r["torch_threads"] == 1]
+        numba = next(r["sps"] for r in mine if r["backend"] == "numba")
+        pz = next(r["sps"] for r in mine if r["backend"] == "pettingzoo" and r["vector"] == "sync")
+        best_pz = max(r["sps"] for r in mine if r["backend"] == "pettingzoo")
+        lines.append(f"| {algo} | {numba / pz:.1f}x | {numba / raw:.1f}x | {best_pz / raw:.2f}x |")
+    lines += [
+        "",
+        "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s and its "
+        "MADDPG at ~1,900.",
+    ]
+    for algo, prof in report["profiles"].items():
+        total = prof["main_seconds"]
+        lines += [
+            "",
+            f"## Where the time goes: {algo.upper()}, Numba MPE, 1 thread ({total:.1f} s in main, cProfile)",
+            "",
+            "| phase | seconds | share of main |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {k} | {v:.2f} | {100 * v / total:.0f}% |" for k, v in prof["phases"].items()]
+    return "\n".join(lines) + "\n"
 
 
 def _cpu():
