@@ -118,8 +118,8 @@ def main():
                 print(f"{algo:6s} {backend:10s} {vector:7s} threads={threads}: {value:,.0f} env-steps/s", flush=True)
         profiles = {algo: profile(algo, args.steps, tmp) for algo in PHASES if algo in args.algos.split(",")}
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
-                  load_average_before=load_before, load_average=os.getloadavg(), command="python results/bench_train.py",
-                  raw_mpe2_env_steps_per_s=raw, runs=rows,
+                  load_average_before=load_before, load_average=os.getloadavg(),
+                  command="python results/bench_train.py", raw_mpe2_env_steps_per_s=raw, runs=rows,
                   profiles={a: dict(main_seconds=t, phases=ph) for a, (t, ph) in profiles.items()})  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train.json").write_text(json.dumps(report, indent=2) + "\n")
