@@ -198,6 +198,7 @@ def make(
     seed: int = 0,
     vector: str = "sync",
     backend: str = "pettingzoo",
+    num_workers: int | None = None,
     **env_kwargs,
 ) -> VecEnv:
     """Make `num_envs` copies of a multi-agent env behind the `VecEnv` contract (`envs/api.py`).
@@ -208,11 +209,12 @@ def make(
         num_envs: E, the number of env copies stepped together.
         seed: env i is reset with `seed + i` at the first `reset()`; later auto-resets continue each
             env's own random generator, so a run is a deterministic function of the seed.
-        vector: `"sync"` steps the envs one after another in this process; `"subproc"` runs one
-            worker process per env and moves observations through shared memory. Both give
-            identical trajectories. Ignored by the numba backend.
+        vector: `"sync"` steps the envs one after another in this process; `"subproc"` steps them
+            in worker processes (each holding a block of envs) and moves observations through
+            shared memory. Both give identical trajectories. Ignored by the numba backend.
         backend: `"pettingzoo"`, `"numba"` to delegate MPE ids to `envs.mpe.make_vec`, or `"auto"`:
             numba for the ids it implements, pettingzoo for every other id.
+        num_workers: `"subproc"` only: the worker processes (default: one per CPU, at most E).
         **env_kwargs: passed to the env constructor (e.g. `N=5`, `max_cycles=50`, `map_size=20`,
             `continuous_actions=True`).
 
@@ -244,7 +246,7 @@ def make(
         return SyncVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs)
     from envs.subproc import SubprocVecEnv
 
-    return SubprocVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs)
+    return SubprocVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs, num_workers=num_workers)
 
 
 def _numba_ids() -> set[str]:

@@ -340,6 +340,24 @@ def test_sync_equals_subproc_battle_and_scripted():
     assert_same(*runs)
 
 
+@pytest.mark.parametrize("workers", [1, 2, 5])
+def test_sync_equals_subproc_whatever_the_number_of_workers(workers):
+    kwargs = dict(num_envs=5, seed=3, max_cycles=6)
+    sub = envs.make("simple_adversary_v3", vector="subproc", num_workers=workers, **kwargs)
+    assert sub.num_workers == workers and len(sub._procs) == workers
+    assert_same(rollout(envs.make("simple_adversary_v3", **kwargs), 15), rollout(sub, 15))
+    assert sub.render(4).shape == (700, 700, 3)  # env 4 lives in the last worker
+    with pytest.raises(ValueError, match=r"env_index must be in \[0, 5\), got 5"):
+        sub.render(5)
+    sub.close()
+    assert not any(p.is_alive() for p in sub._procs)
+    with pytest.raises(ValueError, match=r"num_workers must be in \[1, num_envs=2\], got 3"):
+        envs.make("simple_v3", num_envs=2, vector="subproc", num_workers=3)
+    default = envs.make("simple_v3", num_envs=64, vector="subproc")  # default: one worker per CPU, at most E
+    assert default.num_workers == min(64, len(os.sched_getaffinity(0)))
+    default.close()
+
+
 def test_subproc_with_spawn_start_method():
     factory = env_factory("simple_spread_v3", max_cycles=5)
     sub = envs.SubprocVecEnv(factory, 2, seed=5, state_from_obs=True, start_method="spawn")
@@ -532,12 +550,21 @@ def test_wrong_actions_raise_a_clear_error():
         fresh.step({"agent": np.zeros((1, 1), np.int64)})
 
 
-@pytest.mark.parametrize(("crash", "expected"), [("raise", "scripted crash"), ("exit", "died")])
-def test_crashed_worker_names_the_env(crash, expected):
-    vec = envs.make(SCRIPTED, num_envs=3, seed=10, vector="subproc", crash_seed=11, crash=crash)
+@pytest.mark.parametrize(
+    ("crash", "workers", "named", "expected"),
+    [
+        ("raise", 3, "env 1", "scripted crash"),
+        ("exit", 3, "env 1", "died"),
+        ("raise", 1, "env 1", "scripted crash"),  # one worker holds all three: the env that raised is named
+        ("exit", 2, "envs 0-1", "died"),  # a dead worker: the envs it held are named
+    ],
+)
+def test_crashed_worker_names_the_env(crash, workers, named, expected):
+    vec = envs.make(SCRIPTED, num_envs=3, seed=10, vector="subproc", num_workers=workers, crash_seed=11, crash=crash)
+    assert vec.num_workers == workers
     vec.reset()
     start = time.perf_counter()
-    with pytest.raises(envs.EnvWorkerError, match=f"(?s)env 1\\b.*{expected}") as info:
+    with pytest.raises(envs.EnvWorkerError, match=f"(?s){named}\\b.*{expected}") as info:
         vec.step({"unit": np.zeros((3, 3), np.int64)})
     assert time.perf_counter() - start < 10
     assert "env 0" not in str(info.value) and "env 2" not in str(info.value)
