@@ -113,6 +113,16 @@ def test_same_seed_same_first_losses(algo, tmp_path):
     assert scalars(tmp_path / "a", "losses/value_loss") != [] and run_differs(algo, tmp_path)
 
 
+def test_subproc_envs_train_exactly_like_sync_ones(tmp_path):
+    """--vector subproc (worker processes, each holding a block of envs) changes where envs step, not what they do."""
+    for vector in ("sync", "subproc"):
+        flags = ["--num-envs", 3, "--total-timesteps", 150, "--eval-interval", 0, "--seed", 3, "--vector", vector]
+        run("mappo", *flags, "--run-dir", tmp_path / vector)
+    for tag in ("losses/policy_loss", "losses/value_loss", "charts/episodic_return"):
+        sync = [v for _, v in scalars(tmp_path / "sync", tag)]
+        assert sync and sync == [v for _, v in scalars(tmp_path / "subproc", tag)], tag
+
+
 def run_differs(algo, tmp_path):
     """A different seed gives different losses: the determinism check above is not vacuous."""
     run(algo, "--total-timesteps", 100, "--eval-interval", 0, "--seed", 4, "--run-dir", tmp_path / "c")
