@@ -49,8 +49,10 @@ def _worker(lo: int, hi: int, env_fn: Callable, spec: EnvSpec, num_envs: int, me
 
     A failing env answers ("error", (env index, traceback)); a bad command ("error", (None, traceback)).
     """
-    # Ctrl-C goes to the whole process group; the parent decides when workers stop.
+    # Ctrl-C goes to the whole process group; the parent decides when workers stop. SIGTERM (terminate())
+    # stops a worker at once, whatever handler a forked worker inherited from its parent (the scripts' saves).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     buffers, runners, current = Buffers(spec, num_envs, memory), [], lo
     try:
         for current in range(lo, hi):
