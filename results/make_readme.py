@@ -195,6 +195,32 @@ def demote_headings(markdown: str, levels: int = 2) -> str:
     return "\n".join(lines)
 
 
+def group_table(results: list[dict]) -> list[str]:
+    """Per group final returns (mean ± std over seeds) where an env has several groups; none otherwise."""
+    per_seed = {r["algo"]: [p.get("final_eval_return_by_group") or {} for p in r["per_seed"]] for r in results}
+    frozen_groups = {r["algo"]: ", ".join(r["config"].get("random_groups") or []) for r in results}
+    groups = sorted({g for seeds in per_seed.values() for by_group in seeds for g in by_group})
+    shared = all(len(set(by_group.values())) <= 1 for seeds in per_seed.values() for by_group in seeds)
+    if len(groups) < 2 or shared:  # one group, or a shared reward (speaker and listener): the main table says it all
+        return []
+    lines = [
+        "Per group (each group's final return, mean ± std over seeds; all groups learn, except those a row names as "
+        "frozen to a random policy):",
+        "",
+        "| algorithm | " + " | ".join(f"`{g}`" for g in groups) + " |",
+        "|---|" + "---|" * len(groups),
+    ]
+    for algo, seeds in per_seed.items():
+        cells = []
+        for g in groups:
+            values = [by_group[g] for by_group in seeds if g in by_group]
+            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            cells.append(f"{fmt(float(np.mean(values)))} ± {fmt(std)}" if values else "—")
+        frozen = frozen_groups[algo]
+        lines.append(f"| `{algo}`{f' (frozen: {frozen})' if frozen else ''} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def env_section(env_id: str, results: list[dict], references: list[dict], notes: list[tuple]) -> list[str]:
     """The Markdown of one environment: results table, reference notes, curves, run details.
 
@@ -225,6 +251,7 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
             cells[4] = reference_cell(refs[algo], notes.index(source) + 1)
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    lines += group_table(results)
     for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
         source, protocol = notes[number - 1]
         lines += [f"[{number}] {source}. Protocol: {protocol}.", ""]

@@ -338,6 +338,24 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     assert "its command no longer parses" in make_readme.generate(out).read_text()
 
 
+def test_competing_groups_get_a_per_group_table(tmp_path):
+    out = tmp_path / "results"
+    for env in ("simple_adversary_v3", "simple_speaker_listener_v4"):
+        (out / env).mkdir(parents=True)
+        shutil.copy(RESULTS / env / "mappo.json", out / env)
+    result = json.loads((out / "simple_adversary_v3" / "mappo.json").read_text())
+    groups = [p["final_eval_return_by_group"] for p in result["per_seed"]]
+    adversary = [g["adversary"] for g in groups]
+    text = make_readme.generate(out).read_text()
+    adversary_section, listener_section = text.split("## simple_speaker_listener_v4")
+    assert "| algorithm | `adversary` | `agent` |" in adversary_section
+    assert f"| `mappo` | {np.mean(adversary):.2f} ± {np.std(adversary, ddof=1):.2f} |" in adversary_section
+    assert "Per group" not in listener_section  # a shared reward: the groups' returns are the same numbers
+    result["config"]["random_groups"] = ["adversary"]
+    (out / "simple_adversary_v3" / "mappo.json").write_text(json.dumps(result))
+    assert "| `mappo` (frozen: adversary) |" in make_readme.generate(out).read_text()
+
+
 def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     log = tmp_path / "launches.txt"
     proc = run_cli(tmp_path, "--algos", "fake_fail,fake_a", "--seeds", "2", "--workers", "2", launch_log=log)
