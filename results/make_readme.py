@@ -21,9 +21,10 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import eval_final
 import numpy as np
 import tyro
-from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result
+from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result, read_json
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
 NOT_ENV_DIRS = {"runs", "speed"}
@@ -221,21 +222,35 @@ def group_table(results: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
-def env_section(env_id: str, results: list[dict], references: list[dict], notes: list[tuple]) -> list[str]:
+def final_policy_cell(entry: dict | None, result: dict) -> str:
+    """eval_final.py's measurement of a result's final policies, when it is of exactly these runs."""
+    if not eval_final.matches(entry, result):
+        return "—"
+    summary = entry["summary"]
+    partial = f", {summary['n']} of {len(result['per_seed'])} seeds" if summary["n"] < len(result["per_seed"]) else ""
+    return f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({entry['episodes']} ep. per seed{partial})"
+
+
+def env_section(
+    env_id: str, results: list[dict], references: list[dict], notes: list[tuple], finals: dict | None = None
+) -> list[str]:
     """The Markdown of one environment: results table, reference notes, curves, run details.
 
-    ``notes`` collects the (source, protocol) pairs cited so far, numbered across the whole page.
+    ``notes`` collects the (source, protocol) pairs cited so far, numbered across the whole page; ``finals`` is
+    results/final_policies.json (eval_final.py).
     """
+    finals = finals or {}
     refs = {ref["algo"]: ref for ref in references if ref["env_id"] == env_id}
     ours = {result["algo"]: result for result in results}
     lines = [f"## {env_id}", ""]
     lines += [
-        "| algorithm | ours: mean ± std (n seeds) | IQM [95% CI] | best eval (mean) | reference | budget (steps) |",
-        "|---|---|---|---|---|---|",
+        "| algorithm | ours: mean ± std (n seeds) | IQM [95% CI] | best eval (mean) | final policy, new episodes "
+        "| reference | budget (steps) |",
+        "|---|---|---|---|---|---|---|",
     ]
     drift = {algo: config_drift(result) for algo, result in ours.items()}
     for algo in sorted(set(ours) | set(refs)):
-        cells = [f"`{algo}`" + (" (stale)" if drift.get(algo) else ""), "not run yet", "—", "—", "—", "—"]
+        cells = [f"`{algo}`" + (" (stale)" if drift.get(algo) else ""), "not run yet", "—", "—", "—", "—", "—"]
         if algo in ours:
             result = ours[algo]
             final, best = result["summary"]["final_eval_return"], result["summary"]["best_eval_return"]
@@ -243,12 +258,13 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
             cells[1] = f"{fmt(final['mean'])} ± {fmt(final['std'])} ({final['n']} seeds)"
             cells[2] = f"{fmt(final['iqm'])} [{fmt(low)}, {fmt(high)}]"
             cells[3] = fmt(best["mean"]) if best else "—"
-            cells[5] = fmt_steps(result["total_timesteps"])
+            cells[4] = final_policy_cell(finals.get(f"{env_id}/{algo}"), result)
+            cells[6] = fmt_steps(result["total_timesteps"])
         if algo in refs:
             source = (refs[algo]["source"], refs[algo]["protocol"])
             if source not in notes:
                 notes.append(source)
-            cells[4] = reference_cell(refs[algo], notes.index(source) + 1)
+            cells[5] = reference_cell(refs[algo], notes.index(source) + 1)
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += group_table(results)
@@ -292,8 +308,17 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
     return lines
 
 
-def render(out: Path, by_env: dict[str, list[dict]], references: list[dict]) -> str:
-    """The whole README as a string."""
+FINAL_POLICY_PROTOCOL = (
+    "the evaluations above replay the same episodes every time (a seed's evaluation envs are seeded with seed +"
+    " 10000), so a seed's number carries the luck of its 10 start configurations; `python results/eval_final.py`"
+    " measures each seed's last.pt once more, greedily on the standard env, on many episodes shared by every row"
+    " (env i seeded 10000 + i; the count is in the cell), and this column is the mean ± std over seeds of those"
+    " per-seed means (results/final_policies.json; shown only while it describes exactly the row's runs)."
+)
+
+
+def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], finals: dict | None = None) -> str:
+    """The whole README as a string; ``finals``: results/final_policies.json."""
     lines = [
         "# Results",
         "",
@@ -320,6 +345,7 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict]) -> 
         f"* IQM: {PROTOCOL['iqm']}.",
         f"* 95% CI: {PROTOCOL['ci95']}.",
         f"* Curves: {PROTOCOL['curve']}.",
+        f"* Final policy, new episodes: {FINAL_POLICY_PROTOCOL}",
         "* Reference figures are quoted as published, with their source and protocol; not rerun here.",
         "",
     ]
@@ -328,7 +354,7 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict]) -> 
         lines += ["No results yet.", ""]
     notes: list[tuple] = []
     for env_id in envs:
-        lines += env_section(env_id, by_env.get(env_id, []), references, notes)
+        lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
     speed_files = sorted((Path(out) / "speed").glob("*.md"))
     if speed_files:
         lines += ["## Speed", ""]
@@ -345,7 +371,8 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
     for env_id, results in by_env.items():
         plot_curves(env_id, results, out / env_id / CURVES_NAME)
     readme = out / "README.md"
-    readme.write_text(render(out, by_env, load_references(reference)))
+    finals = read_json(out / eval_final.OUTPUT_NAME) or {}
+    readme.write_text(render(out, by_env, load_references(reference), finals))
     return readme
 
 

@@ -430,3 +430,64 @@ def test_ray_sweep_matches_the_local_one(local_sweep, tmp_path):
         assert ours["curve"]["mean"] == local["curve"]["mean"]
         record = json.loads((tmp_path / "runs" / "env_x" / algo / "seed0" / "run.json").read_text())
         assert record["status"] == "ok" and "node" in record and "--ray" in record["sweep_command"]
+
+
+def test_eval_final_measures_each_seeds_last_checkpoint_and_the_readme_shows_it(local_sweep, tmp_path, capsys):
+    import eval_final
+
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    assert eval_final.main(["--out", str(out), "--episodes", "7"]) == 0
+    finals = json.loads((out / "final_policies.json").read_text())
+    assert sorted(finals) == ["env_x/fake_a", "env_x/fake_b"]
+    entry = finals["env_x/fake_a"]
+    # the fakes' last.pt holds the last evaluation; their --eval-checkpoint reports it minus 1
+    means = [_fake.eval_return(TOTAL, TOTAL, s, *FAKE_CURVES["fake_a"]) - 1.0 for s in (0, 1)]
+    assert [r["mean"] for r in entry["per_seed"]] == pytest.approx(means)
+    assert entry["episodes"] == 7 and entry["summary"]["n"] == 2
+    assert entry["summary"]["mean"] == pytest.approx(np.mean(means))
+    command = entry["per_seed"][1]["command"]
+    assert "--eval-checkpoint" in command and "--eval-episodes 7" in command and command.endswith("--seed 0")
+    assert "--num-envs 4" in command and "--run-dir" not in command and "--total-timesteps" not in command
+    cell = f"| {np.mean(means):.2f} ± {np.std(means, ddof=1):.2f} (7 ep. per seed) |"
+    assert cell in make_readme.generate(out).read_text()
+
+    before = (out / "final_policies.json").read_bytes()
+    assert eval_final.main(["--out", str(out), "--episodes", "7"]) == 0  # nothing new: nothing redone
+    assert "already evaluated" in capsys.readouterr().out
+    assert (out / "final_policies.json").read_bytes() == before
+
+    # A newer sweep into seed 1's directory: that seed is refused by name, the other one still counts.
+    record_path = collect.run_dir_for(out, "env_x", "fake_a", 1) / collect.RECORD_NAME
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps(record | {"commit": "0" * 40}))
+    assert eval_final.main(["--out", str(out), "--episodes", "7", "--algos", "fake_a", "--force"]) == 1
+    assert "no longer holds the run of this result" in capsys.readouterr().out
+    assert f"| {means[0]:.2f} ± 0.00 (7 ep. per seed, 1 of 2 seeds) |" in make_readme.generate(out).read_text()
+    # The result file itself remade from other runs: the stored measurement no longer describes the row.
+    result = load(out, "fake_a")
+    result["per_seed"][0]["commit"] = "1" * 40
+    (out / "env_x" / "fake_a.json").write_text(json.dumps(result))
+    row = next(line for line in make_readme.generate(out).read_text().splitlines() if line.startswith("| `fake_a` |"))
+    assert row.split(" | ")[4] == "—"
+
+
+def test_eval_final_parses_the_line_every_script_prints():
+    import eval_final
+
+    for path in sorted((ROOT / "algos").glob("*.py")):
+        source = path.read_text()
+        assert 'f"{returns.std():.2f} over {len(returns)} greedy episodes' in source, path.name
+    line = "simple_spread_v3 mappo runs/x/last.pt: episodic return -9.75 ± 3.21 over 500 greedy episodes; per group "
+    parsed = eval_final.parse_line(line + "{'agent': -9.749964955851022}\n")
+    assert parsed == {"mean": -9.749964955851022, "std": 3.21, "episodes": 500, "per_group": {"agent": parsed["mean"]}}
+    two = eval_final.parse_line(line + "{'adversary': -20.5, 'agent': 14.25}")
+    assert two["mean"] == -9.75 and two["per_group"] == {"adversary": -20.5, "agent": 14.25}
+    single_agent = "CartPole-v1 dqn x.pt: episodic return 500.00 ± 0.00 over 3 greedy episodes"
+    assert eval_final.parse_line(single_agent) == {"mean": 500.0, "std": 0.0, "episodes": 3}
+    with pytest.raises(ValueError, match="no 'episodic return"):
+        eval_final.parse_line("error: checkpoint x.pt is unreadable")
+    command = "python algos/maddpg.py --env-id simple_spread_v3 --seed 3 --total-timesteps=10 --run-dir r/s3 --tau 0.01"
+    argv = eval_final.eval_command(command, ROOT / "results" / "runs" / "s3" / "last.pt", 50)
+    assert argv[1:] == ["algos/maddpg.py", "--env-id", "simple_spread_v3", "--tau", "0.01", "--eval-checkpoint",
+                        "results/runs/s3/last.pt", "--eval-episodes", "50", "--seed", "0"]  # fmt: skip

@@ -5,6 +5,10 @@ scalars (tensorboard's own event writer: no torch import, so tests stay fast) an
 evaluation return at a step is ``offset + slope * step / total_timesteps + 0.5 * seed``, logged
 at 20 evenly spaced steps; the tests recompute the expected numbers from this formula.
 
+A run also writes ``last.pt`` (JSON here, not torch) holding its final evaluation return; with
+``--eval-checkpoint PATH`` a fake prints the line the real scripts print, "episodic return M ± S over N
+greedy episodes; per group {...}", with M = that return - 1.0 (a final policy measured on more episodes).
+
 With ``FAKE_LAUNCH_LOG`` set, every launch appends "algo env_id seed pid" to that file.
 """
 
@@ -33,14 +37,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--env-id", "--env", dest="env_id", required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, default=1000)
-    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path)
     parser.add_argument("--num-envs", type=int, default=1)
-    return parser.parse_args(argv)
+    parser.add_argument("--eval-checkpoint", type=Path)
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    args = parser.parse_args(argv)
+    if args.run_dir is None and args.eval_checkpoint is None:
+        parser.error("--run-dir is required")
+    return args
+
+
+def eval_checkpoint(algo: str, args: argparse.Namespace) -> None:
+    """Print what a real script prints for --eval-checkpoint."""
+    final = json.loads(args.eval_checkpoint.read_text())["final_eval_return"] - 1.0
+    print(
+        f"{args.env_id} {algo} {args.eval_checkpoint}: episodic return {final:.2f} ± 0.50 over "
+        f"{args.eval_episodes} greedy episodes; per group {{'agent': {final!r}}}"
+    )
 
 
 def main(algo: str, offset: float, slope: float, fail_after: int | None = None, hang: bool = False) -> None:
     """Run the fake: fail (exit 3) after ``fail_after`` evaluations, or hang forever when asked."""
     args = parse_args()
+    if args.eval_checkpoint is not None:
+        return eval_checkpoint(algo, args)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if os.environ.get("FAKE_LAUNCH_LOG"):
         with open(os.environ["FAKE_LAUNCH_LOG"], "a") as f:
@@ -68,4 +88,5 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
     while hang:
         time.sleep(1)
     writer.close()
+    (args.run_dir / "last.pt").write_text(json.dumps({"final_eval_return": value}))
     (args.run_dir / "DONE").write_text("")
