@@ -75,7 +75,9 @@ def parse_line(stdout: str) -> dict:
 def evaluate_seed(out: Path, result: dict, entry: dict, episodes: int) -> dict:
     """One seed's final policy on `episodes` fresh episodes, or {"error": why} when it cannot be evaluated."""
     run_dir = run_dir_for(out, result["env_id"], result["algo"], entry["seed"])
-    record = read_json(run_dir / RECORD_NAME) or {}
+    record = read_json(run_dir / RECORD_NAME)
+    if record is None:
+        return {"error": f"{run_dir / RECORD_NAME} is missing: the runs of this result are not on this machine"}
     if record.get("command") != entry["command"] or record.get("commit", entry["commit"]) != entry["commit"]:
         return {"error": f"{run_dir} no longer holds the run of this result (rerun its sweep)"}
     checkpoint = run_dir / "last.pt"

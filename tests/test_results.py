@@ -464,6 +464,9 @@ def test_eval_final_measures_each_seeds_last_checkpoint_and_the_readme_shows_it(
     assert eval_final.main(["--out", str(out), "--episodes", "7", "--algos", "fake_a", "--force"]) == 1
     assert "no longer holds the run of this result" in capsys.readouterr().out
     assert f"| {means[0]:.2f} ± 0.00 (7 ep. per seed, 1 of 2 seeds) |" in make_readme.generate(out).read_text()
+    (collect.run_dir_for(out, "env_x", "fake_b", 0) / collect.RECORD_NAME).unlink()  # runs made on another machine
+    assert eval_final.main(["--out", str(out), "--episodes", "7", "--algos", "fake_b", "--force"]) == 1
+    assert "run.json is missing: the runs of this result are not on this machine" in capsys.readouterr().out
     # The result file itself remade from other runs: the stored measurement no longer describes the row.
     result = load(out, "fake_a")
     result["per_seed"][0]["commit"] = "1" * 40
