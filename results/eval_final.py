@@ -2,8 +2,11 @@
 
 The protocol number of a result (the mean of a seed's last 10 evaluations) comes from evaluations that
 replay the same ``--eval-episodes`` (10) episodes each time: every evaluation of a seed seeds its envs with
-``seed + 10000``. A seed's number therefore carries the luck of its 10 start configurations, which the
-last-10 average cannot remove (it repeats them). This script measures each seed's final policy once more,
+``seed + 10000`` (env i: seed + 10000 + i). A seed's number therefore carries the luck of its 10 start
+configurations, which the last-10 average cannot remove (it repeats them), and seeds 0-4 share most of theirs
+(14 distinct episodes between them), so the luck does not average out over seeds either.
+
+This script measures each seed's final policy once more,
 greedily, on ``--episodes`` episodes (default 1000, env i seeded with 10000 + i: the same episodes for every
 algorithm and seed, so rows compare on common ground), through the script's own ``--eval-checkpoint`` on the
 standard env, and writes ``results/final_policies.json``; make_readme shows it beside the protocol number.

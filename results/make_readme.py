@@ -309,8 +309,9 @@ def env_section(
 
 
 FINAL_POLICY_PROTOCOL = (
-    "the evaluations above replay the same episodes every time (a seed's evaluation envs are seeded with seed +"
-    " 10000), so a seed's number carries the luck of its 10 start configurations; `python results/eval_final.py`"
+    "the evaluations above replay the same episodes every time (env i of seed s's evaluations is seeded with"
+    " s + 10000 + i, so seeds 0-4 share 14 distinct start configurations between them), so a row carries the luck of"
+    " those few episodes; `python results/eval_final.py`"
     " measures each seed's last.pt once more, greedily on the standard env, on many episodes shared by every row"
     " (env i seeded 10000 + i; the count is in the cell), and this column is the mean ± std over seeds of those"
     " per-seed means (results/final_policies.json; shown only while it describes exactly the row's runs)."
