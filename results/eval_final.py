@@ -6,10 +6,10 @@ replay the same ``--eval-episodes`` (10) episodes each time: every evaluation of
 configurations, which the last-10 average cannot remove (it repeats them), and seeds 0-4 share most of theirs
 (14 distinct episodes between them), so the luck does not average out over seeds either.
 
-This script measures each seed's final policy once more,
-greedily, on ``--episodes`` episodes (default 1000, env i seeded with 10000 + i: the same episodes for every
-algorithm and seed, so rows compare on common ground), through the script's own ``--eval-checkpoint`` on the
-standard env, and writes ``results/final_policies.json``; make_readme shows it beside the protocol number.
+This script measures each seed's final policy once more, greedily, on ``--episodes`` episodes (default 1000,
+env i seeded with 10000 + i: the same episodes for every algorithm and seed, so rows compare on common
+ground), through the script's own ``--eval-checkpoint`` on the standard env, and writes
+``results/final_policies.json``; make_readme shows it beside the protocol number.
 
     python results/eval_final.py                                    # every result whose runs are here
     python results/eval_final.py --envs simple_spread_v3 --algos maddpg,iddpg --episodes 1000
