@@ -494,3 +494,20 @@ def test_eval_final_parses_the_line_every_script_prints():
     argv = eval_final.eval_command(command, ROOT / "results" / "runs" / "s3" / "last.pt", 50)
     assert argv[1:] == ["algos/maddpg.py", "--env-id", "simple_spread_v3", "--tau", "0.01", "--eval-checkpoint",
                         "results/runs/s3/last.pt", "--eval-episodes", "50", "--seed", "0"]  # fmt: skip
+
+
+def test_the_published_final_policy_measurements_describe_the_published_results():
+    """results/final_policies.json: each entry belongs to a result file's runs and its summary is its seeds' mean."""
+    import eval_final
+
+    finals = collect.read_json(RESULTS / eval_final.OUTPUT_NAME) or {}
+    for key, entry in finals.items():
+        env_id, algo = key.split("/")
+        result = collect.read_json(RESULTS / env_id / f"{algo}.json")
+        assert result is not None, f"{key}: no result file {env_id}/{algo}.json"
+        means = [row["mean"] for row in entry["per_seed"] if "mean" in row]
+        assert entry["summary"]["n"] == len(means) and entry["summary"]["mean"] == pytest.approx(np.mean(means))
+        for row in entry["per_seed"]:
+            assert "mean" in row or "error" in row, key
+            if "mean" in row:
+                assert row["episodes"] == entry["episodes"] and "--eval-checkpoint" in row["command"], key
