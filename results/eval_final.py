@@ -41,7 +41,9 @@ OUTPUT_NAME = "final_policies.json"
 EVAL_SEED = 0  # the scripts evaluate on seed + 10000: env i of every evaluation here is seeded 10000 + i
 # what every script's --eval-checkpoint prints (algos/*.py, tests/fake_algos/_fake.py)
 LINE = re.compile(r"episodic return (\S+) ± (\S+) over (\d+) greedy episodes(?:; per group (\{.*\}))?")
-DROPPED = {"--seed", "--total-timesteps", "--run-dir"}  # flags of the training run an evaluation must not take
+# flags of the training run an evaluation must not take: with a value, and switches (no W&B run, no video)
+DROPPED = {"--seed", "--total-timesteps", "--run-dir", "--eval-episodes", "--eval-interval", "--resume"}
+DROPPED_SWITCHES = {"--track", "--capture-video"}
 
 
 def eval_command(command: str, checkpoint: Path, episodes: int) -> list[str]:
@@ -50,6 +52,9 @@ def eval_command(command: str, checkpoint: Path, episodes: int) -> list[str]:
     i = 2  # "python algos/<name>.py"
     while i < len(argv):
         name = argv[i].split("=", 1)[0]
+        if name in DROPPED_SWITCHES:
+            i += 1
+            continue
         if name in DROPPED:
             i += 1 if "=" in argv[i] else 2
             continue

@@ -490,7 +490,8 @@ def test_eval_final_parses_the_line_every_script_prints():
     assert eval_final.parse_line(single_agent) == {"mean": 500.0, "std": 0.0, "episodes": 3}
     with pytest.raises(ValueError, match="no 'episodic return"):
         eval_final.parse_line("error: checkpoint x.pt is unreadable")
-    command = "python algos/maddpg.py --env-id simple_spread_v3 --seed 3 --total-timesteps=10 --run-dir r/s3 --tau 0.01"
+    command = "python algos/maddpg.py --env-id simple_spread_v3 --seed 3 --total-timesteps=10 --run-dir r/s3 --track "
+    command += "--eval-episodes 5 --tau 0.01 --capture-video"
     argv = eval_final.eval_command(command, ROOT / "results" / "runs" / "s3" / "last.pt", 50)
     assert argv[1:] == ["algos/maddpg.py", "--env-id", "simple_spread_v3", "--tau", "0.01", "--eval-checkpoint",
                         "results/runs/s3/last.pt", "--eval-episodes", "50", "--seed", "0"]  # fmt: skip
