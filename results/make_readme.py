@@ -223,7 +223,7 @@ def group_table(results: list[dict]) -> list[str]:
 
 
 def final_policy_cell(entry: dict | None, result: dict) -> str:
-    """eval_final.py's measurement of a result's final policies, when it is of exactly these runs."""
+    """eval_final.py's measurement of a result's final policies, when every seed it measured is one of these runs."""
     if not eval_final.matches(entry, result):
         return "—"
     summary = entry["summary"]
