@@ -1,0 +1,29 @@
+"""results/bench_update.py: the matrix products it counts are all the update's products (so its ceiling is one)."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
+
+import bench_update  # noqa: E402
+
+
+def test_products_are_counted_by_shape():
+    a, b, c = torch.randn(6, 4), torch.randn(4, 3), torch.randn(3, 5)
+    counts = bench_update.products_of(lambda: (a @ b, a @ b, (a @ b) @ c))
+    assert counts == {(6, 4, 3): 3, (6, 3, 5): 1}
+
+
+def test_mappo_update_products_are_forward_and_both_gradients_of_every_layer():
+    """6 N d_in d_out FLOPs per layer and epoch: forward, weight gradient, input gradient (LayerNorm's weights need
+    the first layer's input gradient too), for the actor and the centralized critic on simple_spread."""
+    m = bench_update.load_script("mappo")
+    args, pol, opt, rb, rng = bench_update.filled_rollout("mappo", m)
+    counts = bench_update.products_of(lambda: m.update(pol, opt, rb, args, "cpu", rng))
+    n, h, ids = args.num_envs * args.num_steps * 3, args.hidden_size, 3
+    obs, state, actions = 18, 54, 5  # simple_spread_v3 with 3 agents
+    layers = [(obs + ids, h), (h, h), (h, actions), (state + ids, h), (h, h), (h, 1)]
+    expected = 6 * n * args.update_epochs * sum(i * o for i, o in layers)
+    assert sum(2 * mm * k * nn * c for (mm, k, nn), c in counts.items()) == expected
