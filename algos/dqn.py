@@ -166,12 +166,13 @@ def env_signature(env, env_id):
     return {"obs_shape": list(env.single_observation_space.shape), "n_actions": int(space.n)}
 
 
-def save_checkpoint(path, q_network, target_network, optimizer, args, signature, global_step, rng):
+def save_checkpoint(path, q_network, target_network, optimizer, args, signature, global_step, rng, best_eval):
     """Everything --resume needs but the replay buffer, in types that torch.load(weights_only=True) accepts."""
     rngs = {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
     ckpt = dict(algo=ALGO, env_id=args.env_id, signature=signature, args=json.loads(json.dumps(asdict(args))),
                 q_network=q_network.state_dict(), target_network=target_network.state_dict(),
-                optimizer=optimizer.state_dict(), global_step=global_step, rng=rngs)  # fmt: skip
+                optimizer=optimizer.state_dict(), global_step=global_step, best_eval=float(best_eval),
+                rng=rngs)  # fmt: skip
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)  # never leave a half-written checkpoint behind
 
@@ -293,10 +294,10 @@ def main(args):
     else:
         rb = ReplayBuffer(args.buffer_size, args.num_envs, fields)
 
-    def checkpoint(name, step):
+    def checkpoint(name, step, best):
         if args.save_model or name == "last.pt":
             save_checkpoint(os.path.join(run_dir, name), q_network, target_network, optimizer, args, signature,
-                            step, rng)  # fmt: skip
+                            step, rng, best)  # fmt: skip
 
     def run_eval(step, best):
         """Greedy evaluation on separate envs; keeps best.pt and an optional video."""
@@ -304,11 +305,12 @@ def main(args):
         returns = evaluate(q_network, args, device, args.seed + 10_000, video)
         writer.add_scalar("eval/episodic_return", returns.mean(), step)
         if returns.mean() > best:
-            checkpoint("best.pt", step)
+            checkpoint("best.pt", step, returns.mean())
         return float(returns.mean()), max(best, float(returns.mean()))
 
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
-    best_eval, last_eval, last_eval_step = -np.inf, float("nan"), -1
+    best_eval = ckpt.get("best_eval", -np.inf) if args.resume else -np.inf  # a resumed run keeps best.pt
+    last_eval, last_eval_step = float("nan"), -1
     train_start = global_step + args.learning_starts  # after a resume without replay.npz the buffer refills
     replay_file = os.path.join(run_dir, "replay.npz")
     if args.resume and os.path.exists(replay_file):
@@ -372,7 +374,7 @@ def main(args):
                 last_eval_step = global_step
     except (KeyboardInterrupt, FloatingPointError) as e:
         bar.close()
-        checkpoint("last.pt", global_step)
+        checkpoint("last.pt", global_step, best_eval)
         if args.save_buffer:
             rb.save(replay_file)
         writer.close()
@@ -385,7 +387,7 @@ def main(args):
 
     if last_eval_step != global_step:
         last_eval, best_eval = run_eval(global_step, best_eval)
-    checkpoint("last.pt", global_step)
+    checkpoint("last.pt", global_step, best_eval)
     writer.close()
     env.close()
     open(os.path.join(run_dir, "DONE"), "w").close()

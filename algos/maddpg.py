@@ -351,12 +351,12 @@ def env_signature(env):
     return sig | {"state_shape": list(env.state_shape)}
 
 
-def save_checkpoint(path, nets, optimizers, args, signature, global_step, num_updates, rng):
+def save_checkpoint(path, nets, optimizers, args, signature, global_step, num_updates, rng, best_eval):
     """Everything --resume needs but the replay buffer, in types that torch.load(weights_only=True) accepts."""
     ckpt = dict(algo=ALGO, env_id=args.env_id, signature=signature, args=json.loads(json.dumps(asdict(args))),
                 nets={k: m.state_dict() for k, m in nets.items()},
                 optimizers={k: o.state_dict() for k, o in optimizers.items()},
-                global_step=global_step, num_updates=num_updates,
+                global_step=global_step, best_eval=float(best_eval), num_updates=num_updates,
                 rng={"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state})  # fmt: skip
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)  # never leave a half-written checkpoint behind
@@ -488,9 +488,10 @@ def main(args):
         print(f"{replay_file} does not exist: the replay buffer refills for {args.learning_starts} steps")
     learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
 
-    def checkpoint(name, step):
+    def checkpoint(name, step, best):
         if args.save_model or name == "last.pt":
-            save_checkpoint(os.path.join(run_dir, name), nets, optimizers, args, signature, step, num_updates, rng)
+            path = os.path.join(run_dir, name)
+            save_checkpoint(path, nets, optimizers, args, signature, step, num_updates, rng, best)
 
     def run_eval(step, best):
         """Greedy evaluation on the standard env; keeps best.pt and an optional video."""
@@ -500,12 +501,13 @@ def main(args):
         for g, r in per_group.items():
             writer.add_scalar(f"eval/episodic_return/{g}", r, step)
         if returns.mean() > best:
-            checkpoint("best.pt", step)
+            checkpoint("best.pt", step, returns.mean())
         return float(returns.mean()), max(best, float(returns.mean()))
 
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
     next_log = global_step + args.log_interval
-    best_eval, last_eval, last_eval_step, losses = -np.inf, float("nan"), -1, {}
+    best_eval = ckpt.get("best_eval", -np.inf) if args.resume else -np.inf  # a resumed run keeps best.pt
+    last_eval, last_eval_step, losses = float("nan"), -1, {}
     obs = env.reset()
     start_time, start_step = time.time(), global_step
     bar = tqdm(total=args.total_timesteps, initial=global_step, unit="step", dynamic_ncols=True)
@@ -558,7 +560,7 @@ def main(args):
                 last_eval_step = global_step
     except (KeyboardInterrupt, FloatingPointError) as e:
         bar.close()
-        checkpoint("last.pt", global_step)
+        checkpoint("last.pt", global_step, best_eval)
         if args.save_buffer:
             rb.save(replay_file)
         writer.close()
@@ -570,7 +572,7 @@ def main(args):
 
     if last_eval_step != global_step:
         last_eval, best_eval = run_eval(global_step, best_eval)
-    checkpoint("last.pt", global_step)
+    checkpoint("last.pt", global_step, best_eval)
     writer.close()
     env.close()
     open(os.path.join(run_dir, "DONE"), "w").close()

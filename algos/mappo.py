@@ -311,12 +311,12 @@ def env_signature(env):
     return sig | {"state_shape": list(env.state_shape)}
 
 
-def save_checkpoint(path, policies, optimizers, args, signature, global_step, iteration, rng):
+def save_checkpoint(path, policies, optimizers, args, signature, global_step, iteration, rng, best_eval):
     """Everything --resume needs, in types that torch.load(weights_only=True) accepts."""
     ckpt = dict(algo=ALGO, env_id=args.env_id, signature=signature, args=json.loads(json.dumps(asdict(args))),
                 policies={g: p.state_dict() for g, p in policies.items()},
                 optimizers={g: o.state_dict() for g, o in optimizers.items()},
-                global_step=global_step, iteration=iteration,
+                global_step=global_step, best_eval=float(best_eval), iteration=iteration,
                 rng={"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state})  # fmt: skip
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)  # never leave a half-written checkpoint behind
@@ -504,9 +504,9 @@ def main(args):
     buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
                for g in learners}  # fmt: skip
 
-    def checkpoint(name, step, it):
+    def checkpoint(name, step, it, best):
         if args.save_model or name == "last.pt":
-            save_checkpoint(os.path.join(run_dir, name), policies, optimizers, args, signature, step, it, rng)
+            save_checkpoint(os.path.join(run_dir, name), policies, optimizers, args, signature, step, it, rng, best)
 
     def run_eval(step, it, best):
         """Greedy evaluation on the standard env; keeps best.pt and an optional video."""
@@ -516,11 +516,12 @@ def main(args):
         for g, r in per_group.items():
             writer.add_scalar(f"eval/episodic_return/{g}", r, step)
         if returns.mean() > best:
-            checkpoint("best.pt", step, it)
+            checkpoint("best.pt", step, it, returns.mean())
         return float(returns.mean()), max(best, float(returns.mean()))
 
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
-    best_eval, last_eval, last_eval_step = -np.inf, float("nan"), -1
+    best_eval = ckpt.get("best_eval", -np.inf) if args.resume else -np.inf  # a resumed run keeps best.pt
+    last_eval, last_eval_step = float("nan"), -1
     obs, starts = env.reset(), np.ones(args.num_envs, bool)
     h_actor = initial_hidden(policies, args, args.num_envs, device)  # --rnn: group -> (E, A, H), else None
     h_critic = initial_hidden(policies, args, args.num_envs, device)
@@ -594,7 +595,7 @@ def main(args):
     except (KeyboardInterrupt, FloatingPointError) as e:
         # the unfinished iteration is dropped: --resume redoes it from the last finished one
         bar.close()
-        checkpoint("last.pt", (iteration - 1) * args.batch_size, iteration - 1)
+        checkpoint("last.pt", (iteration - 1) * args.batch_size, iteration - 1, best_eval)
         writer.close()
         if isinstance(e, FloatingPointError):
             raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before the bad update)") from None
@@ -604,7 +605,7 @@ def main(args):
 
     if last_eval_step != global_step:
         last_eval, best_eval = run_eval(global_step, iteration, best_eval)
-    checkpoint("last.pt", global_step, iteration)
+    checkpoint("last.pt", global_step, iteration, best_eval)
     writer.close()
     env.close()
     open(os.path.join(run_dir, "DONE"), "w").close()

@@ -222,12 +222,12 @@ def env_signature(env, env_id):
     return {"obs_shape": list(env.single_observation_space.shape), "action_space": action}
 
 
-def save_checkpoint(path, agent, optimizer, args, signature, global_step, iteration, rng):
+def save_checkpoint(path, agent, optimizer, args, signature, global_step, iteration, rng, best_eval):
     """Everything --resume needs, in types that torch.load(weights_only=True) accepts."""
     rngs = {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
     ckpt = dict(algo=ALGO, env_id=args.env_id, signature=signature, args=json.loads(json.dumps(asdict(args))),
                 agent=agent.state_dict(), optimizer=optimizer.state_dict(), global_step=global_step,
-                iteration=iteration, rng=rngs)  # fmt: skip
+                best_eval=float(best_eval), iteration=iteration, rng=rngs)  # fmt: skip
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)  # never leave a half-written checkpoint behind
 
@@ -356,9 +356,9 @@ def main(args):
         "final_values": ((), np.float32),  # V(final observation) where an episode was truncated
     })  # fmt: skip
 
-    def checkpoint(name, step, it):
+    def checkpoint(name, step, it, best):
         if args.save_model or name == "last.pt":
-            save_checkpoint(os.path.join(run_dir, name), agent, optimizer, args, signature, step, it, rng)
+            save_checkpoint(os.path.join(run_dir, name), agent, optimizer, args, signature, step, it, rng, best)
 
     def run_eval(step, it, best):
         """Greedy evaluation on separate envs; keeps best.pt and an optional video."""
@@ -366,11 +366,12 @@ def main(args):
         returns = evaluate(agent, args, device, args.seed + 10_000, video)
         writer.add_scalar("eval/episodic_return", returns.mean(), step)
         if returns.mean() > best:
-            checkpoint("best.pt", step, it)
+            checkpoint("best.pt", step, it, returns.mean())
         return float(returns.mean()), max(best, float(returns.mean()))
 
     next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
-    best_eval, last_eval, last_eval_step = -np.inf, float("nan"), -1
+    best_eval = ckpt.get("best_eval", -np.inf) if args.resume else -np.inf  # a resumed run keeps best.pt
+    last_eval, last_eval_step = float("nan"), -1
     raw_obs, _ = env.reset()
     obs = agent.preprocess(raw_obs, device, update=True)
     discounted = np.zeros(args.num_envs)  # running discounted return, for --norm-reward
@@ -433,7 +434,7 @@ def main(args):
     except (KeyboardInterrupt, FloatingPointError) as e:
         # the unfinished iteration is dropped: --resume redoes it from the last finished one
         bar.close()
-        checkpoint("last.pt", (iteration - 1) * args.batch_size, iteration - 1)
+        checkpoint("last.pt", (iteration - 1) * args.batch_size, iteration - 1, best_eval)
         writer.close()
         if isinstance(e, FloatingPointError):
             raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before the bad update)") from None
@@ -443,7 +444,7 @@ def main(args):
 
     if last_eval_step != global_step:
         last_eval, best_eval = run_eval(global_step, iteration, best_eval)
-    checkpoint("last.pt", global_step, iteration)
+    checkpoint("last.pt", global_step, iteration, best_eval)
     writer.close()
     env.close()
     open(os.path.join(run_dir, "DONE"), "w").close()

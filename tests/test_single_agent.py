@@ -186,3 +186,21 @@ def test_corrupt_foreign_or_mismatched_checkpoint_is_refused(tmp_path, capsys):
     torch.save({"algo": "drqn", "env_id": "Acrobot-v1", "signature": {"obs_shape": [6], "n_actions": 3}}, other_env)
     code, _, stderr = run_inline(capsys, "drqn", "--eval-checkpoint", other_env, check=False)
     assert code == 2 and "do not match" in stderr
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "drqn"])
+def test_resume_keeps_the_best_checkpoint_of_before(algo, tmp_path, capsys):
+    """Checkpoints carry the best evaluation so far, so a resumed run replaces best.pt only with a better one."""
+    steps, common = STEPS[algo], ["--eval-interval", STEPS[algo] // 2]
+    run_inline(capsys, algo, "--total-timesteps", steps, *common, "--run-dir", tmp_path)
+    best = max(v for _, v in scalars(tmp_path, "eval/episodic_return"))
+    last = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert last["best_eval"] == pytest.approx(best, rel=1e-5)
+    assert torch.load(tmp_path / "best.pt", weights_only=True)["best_eval"] == pytest.approx(best, rel=1e-5)
+    last["best_eval"] = float("inf")  # a best before the interruption that no later evaluation reaches
+    torch.save(last, tmp_path / "last.pt")
+    before = (tmp_path / "best.pt").read_bytes()
+    run_inline(capsys, algo, "--total-timesteps", 2 * steps, *common, "--resume", tmp_path)
+    assert len(scalars(tmp_path, "eval/episodic_return")) == 4  # two evaluations after the resume...
+    assert (tmp_path / "best.pt").read_bytes() == before  # ...and neither replaced best.pt
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["best_eval"] == float("inf")
