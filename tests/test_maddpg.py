@@ -191,18 +191,7 @@ def test_corrupt_foreign_or_mismatched_checkpoint_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_resume_keeps_the_best_checkpoint_of_before(algo, tmp_path, capsys):
+def test_resume_keeps_the_best_checkpoint_of_before(algo, tmp_path, capsys, resume_keeps_best):
     """Checkpoints carry the best evaluation so far, so a resumed run replaces best.pt only with a better one."""
-    common = ["--eval-interval", 40]
-    run_inline(capsys, algo, "--total-timesteps", 80, *common, "--run-dir", tmp_path)
-    best = max(v for _, v in scalars(tmp_path, "eval/episodic_return"))
-    last = torch.load(tmp_path / "last.pt", weights_only=True)
-    assert last["best_eval"] == pytest.approx(best, rel=1e-5)
-    assert torch.load(tmp_path / "best.pt", weights_only=True)["best_eval"] == pytest.approx(best, rel=1e-5)
-    last["best_eval"] = float("inf")  # a best before the interruption that no later evaluation reaches
-    torch.save(last, tmp_path / "last.pt")
-    before = (tmp_path / "best.pt").read_bytes()
-    run_inline(capsys, algo, "--total-timesteps", 160, *common, "--resume", tmp_path)
-    assert len(scalars(tmp_path, "eval/episodic_return")) == 4  # two evaluations after the resume...
-    assert (tmp_path / "best.pt").read_bytes() == before  # ...and neither replaced best.pt
-    assert torch.load(tmp_path / "last.pt", weights_only=True)["best_eval"] == float("inf")
+    go = lambda steps, *flags: run_inline(capsys, algo, "--total-timesteps", steps, "--eval-interval", 40, *flags)  # noqa: E731
+    resume_keeps_best(tmp_path, lambda: go(80, "--run-dir", tmp_path), lambda: go(160, "--resume", tmp_path), scalars)

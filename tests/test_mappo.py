@@ -187,17 +187,7 @@ def test_numba_backend_trains(tmp_path):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_resume_keeps_the_best_checkpoint_of_before(algo, tmp_path):
+def test_resume_keeps_the_best_checkpoint_of_before(algo, tmp_path, resume_keeps_best):
     """Checkpoints carry the best evaluation so far, so a resumed run replaces best.pt only with a better one."""
-    run(algo, "--total-timesteps", 100, "--eval-interval", 50, "--run-dir", tmp_path)
-    best = max(v for _, v in scalars(tmp_path, "eval/episodic_return"))
-    last = torch.load(tmp_path / "last.pt", weights_only=True)
-    assert last["best_eval"] == pytest.approx(best, rel=1e-5)
-    assert torch.load(tmp_path / "best.pt", weights_only=True)["best_eval"] == pytest.approx(best, rel=1e-5)
-    last["best_eval"] = float("inf")  # a best before the interruption that no later evaluation reaches
-    torch.save(last, tmp_path / "last.pt")
-    before = (tmp_path / "best.pt").read_bytes()
-    run(algo, "--total-timesteps", 200, "--eval-interval", 50, "--resume", tmp_path)
-    assert len(scalars(tmp_path, "eval/episodic_return")) == 4  # two evaluations after the resume...
-    assert (tmp_path / "best.pt").read_bytes() == before  # ...and neither replaced best.pt
-    assert torch.load(tmp_path / "last.pt", weights_only=True)["best_eval"] == float("inf")
+    go = lambda steps, *flags: run(algo, "--total-timesteps", steps, "--eval-interval", 50, *flags)  # noqa: E731
+    resume_keeps_best(tmp_path, lambda: go(100, "--run-dir", tmp_path), lambda: go(200, "--resume", tmp_path), scalars)
