@@ -1,5 +1,6 @@
 """IPPO (de Witt et al. 2020, arXiv:2011.09533), results: results/simple_spread_v3/ippo.json"""
 
+import copy
 import json
 import os
 import random
@@ -523,6 +524,7 @@ def main(args):
     h_actor = initial_hidden(policies, args, args.num_envs, device)  # --rnn: group -> (E, A, H), else None
     h_critic = initial_hidden(policies, args, args.num_envs, device)
     start_time, start_step, iteration = time.time(), global_step, start_iteration - 1
+    finished, before_update = iteration, None  # the last finished update; weights while one runs
     bar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -564,7 +566,8 @@ def main(args):
                         writer.add_scalar(f"charts/episodic_return/{g}", r, global_step)
                 obs = step.next
 
-            # TARGETS and UPDATE, group by group
+            # TARGETS and UPDATE, group by group (a stopped update is undone: see the except below)
+            before_update = copy.deepcopy({g: (policies[g].state_dict(), optimizers[g].state_dict()) for g in learners})
             for g in learners:
                 pol, rb = policies[g], buffers[g]
                 with torch.no_grad():
@@ -576,6 +579,7 @@ def main(args):
                 for k, v in update(pol, optimizers[g], rb, args, device, rng).items():
                     writer.add_scalar(f"losses/{k}" if len(learners) == 1 else f"losses/{k}/{g}", v, global_step)
                 rb.reset()
+            finished, before_update = iteration, None
 
             # LOG
             sps = int((global_step - start_step) / (time.time() - start_time))
@@ -590,12 +594,16 @@ def main(args):
                 last_eval, best_eval = run_eval(global_step, iteration, best_eval)
                 last_eval_step = global_step
     except (KeyboardInterrupt, FloatingPointError) as e:
-        # the unfinished iteration is dropped: --resume redoes it from the last finished one
+        # an unfinished iteration is dropped, and an update it stopped inside is undone (its weights may be
+        # diverging): last.pt holds the weights of the last finished update, which --resume goes on from
         bar.close()
-        checkpoint("last.pt", (iteration - 1) * args.batch_size, iteration - 1, best_eval)
+        for g, (weights, moments) in (before_update or {}).items():
+            policies[g].load_state_dict(weights)
+            optimizers[g].load_state_dict(moments)
+        checkpoint("last.pt", finished * args.batch_size, finished, best_eval)
         writer.close()
         if isinstance(e, FloatingPointError):
-            raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before the bad update)") from None
+            raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before this update)") from None
         print(f"interrupted at step {global_step}: saved {run_dir}/last.pt; continue with --resume {run_dir}")
         sys.exit(130)
     bar.close()

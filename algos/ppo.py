@@ -1,5 +1,6 @@
 """PPO (Schulman et al. 2017, arXiv:1707.06347); results: results/CartPole-v1/ppo.json"""
 
+import copy
 import json
 import os
 import random
@@ -376,6 +377,7 @@ def main(args):
     obs = agent.preprocess(raw_obs, device, update=True)
     discounted = np.zeros(args.num_envs)  # running discounted return, for --norm-reward
     start_time, start_step, iteration = time.time(), global_step, start_iteration - 1
+    finished, before_update = iteration, None  # the last finished update; weights while one runs
     bar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -409,13 +411,15 @@ def main(args):
                     writer.add_scalar("charts/episodic_length", infos["episode"]["l"][done].mean(), global_step)
                 obs = agent.preprocess(raw_obs, device, update=True)
 
-            # TARGETS: GAE (Schulman et al. 2016) over the rollout
+            # TARGETS: GAE (Schulman et al. 2016) over the rollout (a stopped update is undone: see the except below)
+            before_update = copy.deepcopy((agent.state_dict(), optimizer.state_dict()))
             with torch.no_grad():
                 last_values = agent.get_value(obs).cpu().numpy()
             rb.compute_gae(last_values, args.gamma, args.gae_lambda)
             # UPDATE
             losses = update(agent, optimizer, rb, args, device, rng)
             rb.reset()
+            finished, before_update = iteration, None
 
             # LOG
             for k, v in losses.items():
@@ -432,12 +436,16 @@ def main(args):
                 last_eval, best_eval = run_eval(global_step, iteration, best_eval)
                 last_eval_step = global_step
     except (KeyboardInterrupt, FloatingPointError) as e:
-        # the unfinished iteration is dropped: --resume redoes it from the last finished one
+        # an unfinished iteration is dropped, and an update it stopped inside is undone (its weights may be
+        # diverging): last.pt holds the weights of the last finished update, which --resume goes on from
         bar.close()
-        checkpoint("last.pt", (iteration - 1) * args.batch_size, iteration - 1, best_eval)
+        if before_update is not None:
+            agent.load_state_dict(before_update[0])
+            optimizer.load_state_dict(before_update[1])
+        checkpoint("last.pt", finished * args.batch_size, finished, best_eval)
         writer.close()
         if isinstance(e, FloatingPointError):
-            raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before the bad update)") from None
+            raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before this update)") from None
         print(f"interrupted at step {global_step}: saved {run_dir}/last.pt; continue with --resume {run_dir}")
         sys.exit(130)
     bar.close()

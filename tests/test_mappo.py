@@ -191,3 +191,18 @@ def test_resume_keeps_the_best_checkpoint_of_before(algo, tmp_path, resume_keeps
     """Checkpoints carry the best evaluation so far, so a resumed run replaces best.pt only with a better one."""
     go = lambda steps, *flags: run(algo, "--total-timesteps", steps, "--eval-interval", 50, *flags)  # noqa: E731
     resume_keeps_best(tmp_path, lambda: go(100, "--run-dir", tmp_path), lambda: go(200, "--resume", tmp_path), scalars)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_nan_loss_undoes_the_update_and_resumes_with_a_lower_learning_rate(algo, tmp_path):
+    proc = run(algo, "--total-timesteps", 200, "--eval-interval", 0, "--learning-rate", 1e30, "--run-dir", tmp_path,
+               check=False)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert re.match(r"error: group agent: the loss became (nan|-?inf) .*the weights before this update", last_line)
+    ckpt = torch.load(tmp_path / "last.pt", weights_only=True)
+    # the first update diverged within its epochs: last.pt holds the initial weights and untouched Adam moments
+    assert ckpt["iteration"] == 0 and ckpt["global_step"] == 0 and ckpt["optimizers"]["agent"]["state"] == {}
+    assert max(v.abs().max().item() for v in ckpt["policies"]["agent"].values()) < 10
+    run(algo, "--total-timesteps", 200, "--eval-interval", 0, "--learning-rate", 7e-4, "--resume", tmp_path)
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["global_step"] == 200 and (tmp_path / "DONE").exists()

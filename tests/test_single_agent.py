@@ -194,3 +194,17 @@ def test_resume_keeps_the_best_checkpoint_of_before(algo, tmp_path, capsys, resu
     n = STEPS[algo]
     go = lambda steps, *flags: run_inline(capsys, algo, "--total-timesteps", steps, "--eval-interval", n // 2, *flags)  # noqa: E731
     resume_keeps_best(tmp_path, lambda: go(n, "--run-dir", tmp_path), lambda: go(2 * n, "--resume", tmp_path), scalars)
+
+
+def test_ppo_nan_loss_undoes_the_update_and_resumes_with_a_lower_learning_rate(tmp_path, capsys):
+    flags = ["--total-timesteps", STEPS["ppo"], "--eval-interval", 0, "--eval-episodes", 1]
+    code, _, stderr = run_inline(capsys, "ppo", *flags, "--learning-rate", 1e30, "--run-dir", tmp_path, check=False)
+    assert code == 2 and "Traceback" not in stderr
+    last_line = stderr.strip().splitlines()[-1]
+    assert re.match(r"error: the loss became (nan|-?inf) .*the weights before this update", last_line), last_line
+    ckpt = torch.load(tmp_path / "last.pt", weights_only=True)
+    # the first update diverged within its epochs: last.pt holds the initial weights and untouched Adam moments
+    assert ckpt["iteration"] == 0 and ckpt["global_step"] == 0 and ckpt["optimizer"]["state"] == {}
+    assert max(v.float().abs().max().item() for v in ckpt["agent"].values()) < 10
+    run_inline(capsys, "ppo", *flags, "--learning-rate", 2.5e-4, "--resume", tmp_path)
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["global_step"] == STEPS["ppo"]
