@@ -23,6 +23,7 @@ ALGOS = ["maddpg", "matd3", "iddpg"]
 TINY = ["--backend", "pettingzoo", "--num-envs", "2", "--eval-episodes", "2", "--buffer-size", "1000",
         "--batch-size", "16", "--learning-starts", "32", "--train-frequency", "4", "--log-interval", "20"]  # fmt: skip
 LOSSES = ("losses/qf_loss", "losses/actor_loss", "losses/q_values")
+WORLD_COMM_GROUPS = ["leadadversary", "adversary", "agent"]
 
 
 def run(algo, *flags, check=True, timeout=240):
@@ -97,6 +98,9 @@ def test_same_seed_same_first_losses_and_another_seed_differs(algo, tmp_path, ca
         ("matd3", ["--env", "simple_speaker_listener_v4", "--gradient-steps", 2], ["speaker", "listener"]),
         ("iddpg", ["--env", "simple_speaker_listener_v4", "--prioritized"], ["speaker", "listener"]),
         ("iddpg", ["--no-continuous-actions", "--no-share-params"], []),
+        # three groups with different observation and action sizes (the lead adversary also speaks)
+        ("maddpg", ["--env", "simple_world_comm_v3", "--no-continuous-actions"], WORLD_COMM_GROUPS),
+        ("matd3", ["--env", "simple_world_comm_v3", "--share-params"], WORLD_COMM_GROUPS),
         # action masks (the env fails on a masked-out action), a unit that dies mid-episode, termination
         ("maddpg", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions", "--critic-state"], []),
         ("matd3", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions", "--share-params"], []),
