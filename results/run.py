@@ -144,6 +144,9 @@ def execute(spec: dict) -> tuple[dict, dict[str, bytes] | None]:
         shared = False
     record = dict(spec["record"])
     record.update(hardware=probe_hardware(), versions=probe_versions(), node=socket.gethostname())
+    # the code this run executes: a long sweep outlives commits, so the sweep's start is not enough
+    if (commit := git_commit()) != "unknown":  # unknown: a node without the checkout keeps the driver's
+        record["commit"] = commit
     returncode, error = None, None
     start = time.time()
     try:

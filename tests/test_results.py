@@ -199,6 +199,19 @@ def test_execute_sends_files_back_only_from_another_filesystem(tmp_path):
     assert record["status"] == "ok" and files is None
 
 
+def test_a_run_records_the_commit_it_was_launched_from(tmp_path, monkeypatch):
+    """A sweep of hours outlives commits: each run names the code it ran, not the code the sweep began with."""
+    run_dir = tmp_path / "seed0"
+    argv = ["python", str(FAKES / "fake_a.py"), "--env-id", "env_x", "--seed", "0"]
+    argv += ["--total-timesteps", "100", "--run-dir", str(run_dir)]
+    spec = {"argv": argv, "cwd": str(ROOT), "run_dir": str(run_dir), "launch_id": "abc", "timeout": 60}
+    spec.update(env={}, record={"command": "x", "commit": "sweep-start"})
+    monkeypatch.setattr(sweep_runner, "git_commit", lambda: "at-launch")
+    assert sweep_runner.execute(spec)[0]["commit"] == "at-launch"
+    monkeypatch.setattr(sweep_runner, "git_commit", lambda: "unknown")  # a node without the checkout
+    assert sweep_runner.execute(spec)[0]["commit"] == "sweep-start"
+
+
 # ---------------------------------------------------------------------------------------------------
 # A local sweep end to end
 # ---------------------------------------------------------------------------------------------------
