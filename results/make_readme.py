@@ -170,8 +170,9 @@ def plot_curves(env_id: str, results: list[dict], path: Path) -> None:
         fig.savefig(path, format="png", metadata={"Software": None})
 
 
-def reference_cell(ref: dict, note: int) -> str:
-    """'-11.63 ± 1.50 (3 seeds, 10M steps, best -8.87) [1]'; [1] names the source and protocol."""
+def reference_cell(ref: dict, note: int, brief: bool = False) -> str:
+    """'-11.63 ± 1.50 (3 seeds, 10M steps, best -8.87) [1]'; [1] names the source and protocol. `brief`: without the
+    entry's note (beside a variant row: the note is on the reference's own row)."""
     std = f" ± {fmt(ref['std'])}" if ref["std"] is not None else ""
     details = [
         f"{ref['n_seeds']} seeds" if ref["n_seeds"] else None,
@@ -179,7 +180,7 @@ def reference_cell(ref: dict, note: int) -> str:
     ]
     if ref["best"] is not None:
         details.append(f"best {fmt(ref['best'])}")
-    if ref.get("note"):
+    if ref.get("note") and not brief:
         details.append(ref["note"])
     return f"{fmt(ref['mean'])}{std} ({', '.join(d for d in details if d)}) [{note}]"
 
@@ -242,6 +243,8 @@ def env_section(
     finals = finals or {}
     refs = {ref["algo"]: ref for ref in references if ref["env_id"] == env_id}
     ours = {result["algo"]: result for result in results}
+    # a reference also stands beside those of our variants it lists (same setting, another training cadence)
+    variant_refs = {v: ref for ref in refs.values() for v in ref.get("variants", []) if v in ours}
     lines = [f"## {env_id}", ""]
     lines += [
         "| algorithm | ours: mean ± std (n seeds) | IQM [95% CI] | best eval (mean) | final policy, new episodes "
@@ -260,11 +263,11 @@ def env_section(
             cells[3] = fmt(best["mean"]) if best else "—"
             cells[4] = final_policy_cell(finals.get(f"{env_id}/{algo}"), result)
             cells[6] = fmt_steps(result["total_timesteps"])
-        if algo in refs:
-            source = (refs[algo]["source"], refs[algo]["protocol"])
+        if ref := refs.get(algo) or variant_refs.get(algo):
+            source = (ref["source"], ref["protocol"])
             if source not in notes:
                 notes.append(source)
-            cells[5] = reference_cell(refs[algo], notes.index(source) + 1)
+            cells[5] = reference_cell(ref, notes.index(source) + 1, brief=algo not in refs)
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += group_table(results)

@@ -351,6 +351,21 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     assert "its command no longer parses" in make_readme.generate(out).read_text()
 
 
+def test_a_reference_stands_beside_the_variants_it_lists_and_only_those(tmp_path):
+    out = tmp_path / "results"
+    (out / "simple_spread_v3").mkdir(parents=True)
+    for algo in ("maddpg", "maddpg-tf128", "maddpg-discrete"):
+        shutil.copy(RESULTS / "simple_spread_v3" / f"{algo}.json", out / "simple_spread_v3")
+    rows = {}  # the results table's row of each algorithm (the first: the run details repeat the names)
+    for line in make_readme.generate(out).read_text().splitlines():
+        if line.startswith("| `"):
+            rows.setdefault(line.split(" |")[0], line)
+    assert "-9.62 ± 0.28 (10M steps, best -6.35, continuous actions" in rows["| `maddpg`"]  # its own row: the note
+    assert "| -9.62 ± 0.28 (10M steps, best -6.35) [1] |" in rows["| `maddpg-tf128`"]  # a listed variant: brief
+    assert "-9.62" not in rows["| `maddpg-discrete`"]  # another action space: not listed
+    assert "| `maddpg-tf64`" not in rows  # a listed variant that was not run gets no row
+
+
 def test_competing_groups_get_a_per_group_table(tmp_path):
     out = tmp_path / "results"
     for env in ("simple_adversary_v3", "simple_speaker_listener_v4"):
