@@ -1,4 +1,4 @@
-"""The PPO update's floor: the highest env-steps/s MAPPO and IPPO can reach on this CPU at the results' settings.
+"""The update's floor: the highest env-steps/s each script's update allows on this CPU at the results' settings.
 
     python results/bench_update.py            # writes results/speed/update.md and update.json
 
@@ -13,9 +13,15 @@ one minibatch), then, for one update:
 No rewrite of the update can go below the time of its products without doing fewer FLOPs, so
 `env steps per update / products' time` is a ceiling on env-steps/s at these settings on this machine, before
 acting, env stepping, elementwise ops or Adam. Both thread counts are measured: 1 (the scripts' default) and 2.
+
+The DDPG family (MADDPG, MATD3, IDDPG) is measured the same way on a replay buffer of `--learning-starts` uniformly
+random transitions, one update being one sampled batch of `--batch-size` (sampling and the copy to torch included in
+the whole update), at each `--train-frequency` of `--ddpg-train-frequencies` (env steps per update). MATD3's
+actors and targets learn every `--policy-frequency` updates, so its unit is that many updates.
 """
 
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -31,11 +37,12 @@ from bench_train import _cpu
 from torch.profiler import ProfilerActivity, profile
 
 import envs
-from buffers import RolloutBuffer
+from buffers import ReplayBuffer, RolloutBuffer, to_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
 ENV_ID = "simple_spread_v3"
+PPO, DDPG = ["mappo", "ippo"], ["maddpg", "matd3", "iddpg"]
 
 
 def load_script(algo):
@@ -78,15 +85,57 @@ def filled_rollout(algo, m, seed=0):
     return args, pol, opt, rb, rng
 
 
+def filled_replay(algo, m, train_frequency, seed=0):
+    """The script's networks, optimizers and replay buffer at its defaults (but `train_frequency`), the buffer holding
+    --learning-starts uniformly random transitions of the Numba MPE, as in main(); returns a one-update callable."""
+    args = m.Args(train_frequency=train_frequency)
+    torch.manual_seed(seed)
+    env = envs.make(ENV_ID, args.num_envs, seed, backend="numba", continuous_actions=args.continuous_actions)
+    learners, groups = list(env.groups), env.groups
+    actors = torch.nn.ModuleDict({g: m.Actor(spec, args) for g, spec in groups.items()})
+    if algo == "iddpg":  # each agent's critic on its own observation and action
+        dims = {g: int(np.prod(s.obs_shape)) + s.action_dim for g, s in groups.items()}
+        fields = m.replay_fields(groups)
+    else:  # centralized critics on every observation and every action
+        obs_dim = sum(s.n_agents * int(np.prod(s.obs_shape)) for s in groups.values())
+        dims = dict.fromkeys(groups, obs_dim + sum(s.n_agents * s.action_dim for s in groups.values()))
+        fields = m.replay_fields(groups, env.state_shape, args)
+    critics = torch.nn.ModuleDict({g: m.Critic(groups[g], dims[g], args) for g in learners})
+    nets = dict(actors=actors, critics=critics, actor_targets=copy.deepcopy(actors),
+                critic_targets=copy.deepcopy(critics))  # fmt: skip
+    optimizers = dict(actor=torch.optim.Adam(actors.parameters(), lr=args.actor_lr, fused=True),
+                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=True))  # fmt: skip
+    rb, rng, obs = ReplayBuffer(args.buffer_size, args.num_envs, fields), np.random.default_rng(seed), env.reset()
+    while len(rb) < args.learning_starts:
+        actions = m.act(actors, obs, "cpu", args, uniform=True)
+        step = env.step(actions)
+        rb.add(**m.transition(obs, actions, step, learners if algo == "iddpg" else args))
+        obs = step.next
+    env.close()
+    per_call = getattr(args, "policy_frequency", 1)  # MATD3: a full cycle of critic-only and actor updates
+    count = iter(range(1 << 62))
+
+    def update():
+        for _ in range(per_call):
+            b = to_torch(rb.sample(args.batch_size, rng), "cpu")
+            extra = (next(count),) if algo == "matd3" else ()
+            m.update(b, nets, optimizers, args, learners, *extra)
+
+    return args, update, per_call
+
+
 def products_of(update):
-    """The matrix products one call of `update()` makes: {(m, k, n): count}, from torch's profiler."""
+    """The matrix products one call of `update()` makes: {(m, k, n): count}, from torch's profiler (a batched product
+    of b matrices counts b times)."""
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         update()
     counts = {}
     for e in prof.events():
-        if e.name == "aten::mm":
-            (m, k), (_, n) = e.input_shapes[0], e.input_shapes[1]
-            counts[(m, k, n)] = counts.get((m, k, n), 0) + 1
+        shapes = {"aten::mm": e.input_shapes[:2], "aten::bmm": e.input_shapes[:2], "aten::baddbmm": e.input_shapes[1:3]}
+        if e.name in shapes:
+            a, b = shapes[e.name]
+            batch, (m, k), n = (a[0] if len(a) == 3 else 1), a[-2:], b[-1]
+            counts[(m, k, n)] = counts.get((m, k, n), 0) + batch
     return counts
 
 
@@ -107,15 +156,30 @@ def time_products(counts, rounds=7, reps=20):
     return total
 
 
-def time_update(update, repeats=7):
-    """Median seconds of one whole update (after one warm-up call)."""
-    update()
+def time_update(update, repeats=7, calls=1):
+    """Median seconds of one whole update (after a warm-up), each of `repeats` timings the mean of `calls` calls."""
+    for _ in range(calls):
+        update()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        update()
-        times.append(time.perf_counter() - t0)
+        for _ in range(calls):
+            update()
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
+
+
+def timings(counts, update, env_steps, calls=1):
+    """Products alone and the whole update at 1 and 2 torch threads, and the env-steps/s each allows."""
+    gflop = sum(2 * mm * k * n * c for (mm, k, n), c in counts.items()) / 1e9
+    out = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        products, whole = time_products(counts), time_update(update, calls=calls)
+        out[f"threads_{threads}"] = dict(products_ms=products * 1e3, update_ms=whole * 1e3,
+                                         products_gflops=gflop / products, ceiling_env_steps_per_s=env_steps / products,
+                                         update_only_env_steps_per_s=env_steps / whole)  # fmt: skip
+    return out
 
 
 def measure(algo):
@@ -128,60 +192,107 @@ def measure(algo):
     row = dict(algo=algo, env_steps_per_update=env_steps, samples=env_steps * 3, epochs=args.update_epochs,
                minibatches=args.num_minibatches, hidden_size=args.hidden_size, products=sum(counts.values()),
                gflop_products=gflop, shapes={f"{a}x{b}x{c}": n for (a, b, c), n in counts.items()})  # fmt: skip
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        products, whole = time_products(counts), time_update(update)
-        row[f"threads_{threads}"] = dict(products_ms=products * 1e3, update_ms=whole * 1e3,
-                                         products_gflops=gflop / products, ceiling_env_steps_per_s=env_steps / products,
-                                         update_only_env_steps_per_s=env_steps / whole)  # fmt: skip
-        print(f"{algo} threads={threads}: {gflop:.2f} GFLOP in {sum(counts.values())} products, products alone "
-              f"{products * 1e3:.1f} ms, whole update {whole * 1e3:.1f} ms", flush=True)  # fmt: skip
+    row |= timings(counts, update, env_steps)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def measure_ddpg(algo, train_frequency):
+    m = load_script(algo)
+    args, update, per_call = filled_replay(algo, m, train_frequency)
+    counts = products_of(update)  # of `per_call` updates
+    gflop = sum(2 * mm * k * n * c for (mm, k, n), c in counts.items()) / 1e9 / per_call
+    env_steps = train_frequency // args.gradient_steps
+    row = dict(algo=algo, train_frequency=train_frequency, updates_per_call=per_call, env_steps_per_update=env_steps,
+               batch_size=args.batch_size, hidden_size=args.hidden_size, products=sum(counts.values()) / per_call,
+               gflop_products=gflop, shapes={f"{a}x{b}x{c}": n for (a, b, c), n in counts.items()})  # fmt: skip
+    for key, t in timings(counts, update, env_steps * per_call, calls=max(1, 50 // per_call)).items():
+        row[key] = t | {k: t[k] / per_call for k in ("products_ms", "update_ms")}  # per update
+    print(json.dumps(row), flush=True)
     return row
 
 
 def markdown(report):
     loads = [", ".join(f"{x:.1f}" for x in report[k]) for k in ("load_average_before", "load_average")]
+    timed = lambda t: (f"{t['products_ms']:.{1 if t['products_ms'] >= 10 else 2}f} | {t['products_gflops']:.0f} | "
+                       f"{t['update_ms']:.{1 if t['update_ms'] >= 10 else 2}f} | {t['ceiling_env_steps_per_s']:,.0f} | "
+                       f"{t['update_only_env_steps_per_s']:,.0f} |")  # noqa: E731  # fmt: skip
+    timed_header = ("torch threads | products alone (ms) | their GFLOP/s | whole update (ms) | ceiling: env steps / "
+                    "products' time | env steps / whole update's time |")  # fmt: skip
+    ppo = [r for r in report["rows"] if "epochs" in r]
+    ddpg = [r for r in report["rows"] if "train_frequency" in r]
     lines = [
-        "# The PPO update's floor: the highest env-steps/s the results' settings allow",
+        "# The update's floor: the highest env-steps/s the results' settings allow",
         "",
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), torch {report['torch']}, load "
         f"average {loads[0]} before and {loads[1]} after. Regenerate: `{report['command']}`.",
-        f"Settings: each script's defaults on {ENV_ID} (the results' settings). One update consumes one rollout; its "
-        "matrix products are counted by torch's profiler and timed alone at their shapes (contiguous operands, best "
-        "of 7 rounds); the whole update is the median of 7 calls.",
-        "",
-        "| script | env steps per update | samples x epochs | GFLOP in matrix products | torch threads | products "
-        "alone (ms) | their GFLOP/s | whole update (ms) | ceiling: env steps / products' time | env steps / whole "
-        "update's time |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"Settings: each script's defaults on {ENV_ID} (the results' settings). The update's matrix products are "
+        "counted by torch's profiler and timed alone at their shapes (contiguous operands, best of 7 rounds); the "
+        "whole update is the median of 7 timings.",
     ]
-    for r in report["rows"]:
-        for threads in (1, 2):
-            t = r[f"threads_{threads}"]
-            lines.append(
-                f"| {r['algo']} | {r['env_steps_per_update']:,} | {r['samples']:,} x {r['epochs']} | "
-                f"{r['gflop_products']:.2f} | {threads} | {t['products_ms']:.1f} | {t['products_gflops']:.0f} | "
-                f"{t['update_ms']:.1f} | {t['ceiling_env_steps_per_s']:,.0f} | "
-                f"{t['update_only_env_steps_per_s']:,.0f} |"
-            )
-    lines += [
-        "",
-        "The ceiling counts nothing but the update's matrix products: acting, env stepping, the elementwise ops of "
-        "the networks and the losses, and Adam all come on top of it. A run at these settings is therefore slower "
-        "than the ceiling on this machine whatever the implementation; only fewer FLOPs per env step (fewer epochs, "
-        "fewer or smaller layers, one critic value per env instead of per agent) or more cores raise it.",
-        "",
-    ]
-    return "\n".join(lines)
+    if ppo:
+        lines += [
+            "",
+            "## PPO: one update per rollout",
+            "",
+            "| script | env steps per update | samples x epochs | GFLOP in matrix products | " + timed_header,
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in ppo:
+            for threads in (1, 2):
+                lines.append(f"| {r['algo']} | {r['env_steps_per_update']:,} | {r['samples']:,} x {r['epochs']} | "
+                             f"{r['gflop_products']:.2f} | {threads} | " + timed(r[f"threads_{threads}"]))  # fmt: skip
+        lines += [
+            "",
+            "The ceiling counts nothing but the update's matrix products: acting, env stepping, the elementwise ops "
+            "of the networks and the losses, and Adam all come on top of it. A run at these settings is therefore "
+            "slower than the ceiling on this machine whatever the implementation; only fewer FLOPs per env step "
+            "(fewer epochs, fewer or smaller layers, one critic value per env instead of per agent) or more cores "
+            "raise it.",
+        ]
+    if ddpg:
+        lines += [
+            "",
+            "## DDPG family: one update per --train-frequency env steps",
+            "",
+            "One update: a batch sampled from a replay buffer of --learning-starts random transitions, copied to "
+            "torch, then the script's update() (targets, critic step, actor step, soft target update). MATD3's actor "
+            "and targets learn every second update, so its row is the mean of a critic-only and a full update (shapes "
+            "in update.json: of the pair).",
+            "",
+            "| script | --train-frequency (env steps per update) | batch | MFLOP in matrix products | " + timed_header,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in ddpg:
+            for threads in (1, 2):
+                lines.append(f"| {r['algo']} | {r['train_frequency']} | {r['batch_size']} | "
+                             f"{r['gflop_products'] * 1e3:.0f} | "
+                             f"{threads} | " + timed(r[f"threads_{threads}"]))  # fmt: skip
+        ratios = [r["threads_1"]["update_ms"] / r["threads_1"]["products_ms"] for r in ddpg]
+        lines += [
+            "",
+            f"Times are per update (MATD3: the mean of a pair). On one thread the whole update takes "
+            f"{min(ratios):.1f}x to {max(ratios):.1f}x the time of its products: with networks this small (64 wide, "
+            "768 rows) the rest is per-op dispatch, autograd, elementwise ops, Adam, sampling. The last column is what "
+            "the update alone allows, before acting, env stepping, storing and evaluating.",
+        ]
+    return "\n".join(lines + [""])
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", default="mappo,ippo", help="comma-separated PPO scripts")
+    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg", help="comma-separated scripts")
+    parser.add_argument("--ddpg-train-frequencies", default="256,64",
+                        help="--train-frequency values of the DDPG family to measure (256: the default)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    algos = args.algos.split(",")
+    if unknown := [a for a in algos if a not in PPO + DDPG]:
+        parser.error(f"--algos {unknown}: measured are {PPO + DDPG}")
+    frequencies = [int(f) for f in args.ddpg_train_frequencies.split(",")]
     load_before = os.getloadavg()
-    rows = [measure(algo) for algo in args.algos.split(",")]
+    rows = [measure(a) for a in algos if a in PPO]
+    rows += [measure_ddpg(a, f) for a in algos if a in DDPG for f in frequencies]
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
                   torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
                   command="python results/bench_update.py", rows=rows)  # fmt: skip

@@ -27,3 +27,27 @@ def test_mappo_update_products_are_forward_and_both_gradients_of_every_layer():
     layers = [(obs + ids, h), (h, h), (h, actions), (state + ids, h), (h, h), (h, 1)]
     expected = 6 * n * args.update_epochs * sum(i * o for i, o in layers)
     assert sum(2 * mm * k * nn * c for (mm, k, nn), c in counts.items()) == expected
+
+
+def test_maddpg_update_products_are_those_of_its_four_passes():
+    """One MADDPG update at the defaults on simple_spread (one group of 3 agents sharing an actor and a critic fed an
+    agent-id one-hot, so 3 x 256 rows): target actor and target critic forward; critic forward, weight gradients and
+    the input gradients of its upper layers; actor forward, the critic on the actor's actions with input gradients
+    through all its layers (its weights frozen), then the actor's weight gradients and upper input gradients."""
+    m = bench_update.load_script("maddpg")
+    args, update, per_call = bench_update.filled_replay("maddpg", m, train_frequency=256)
+    counts = bench_update.products_of(update)
+    rows, h = 3 * args.batch_size, args.hidden_size
+    obs, actions, ids = 18, 5, 3
+    actor = [(obs + ids, h), (h, h), (h, actions)]
+    critic = [(3 * obs + 3 * actions + ids, h), (h, h), (h, 1)]
+    macs = lambda layers: sum(i * o for i, o in layers)  # noqa: E731
+    expected = 2 * rows * (3 * macs(actor) + 5 * macs(critic) + macs(critic[1:]) + macs(actor[1:]))
+    assert per_call == 1
+    assert sum(2 * mm * k * n * c for (mm, k, n), c in counts.items()) == expected
+
+
+def test_batched_products_count_once_per_matrix():
+    a, b, bias = torch.randn(2, 6, 4), torch.randn(2, 4, 3), torch.randn(2, 1, 3)
+    counts = bench_update.products_of(lambda: (torch.bmm(a, b), torch.baddbmm(bias, a, b)))
+    assert counts == {(6, 4, 3): 4}
