@@ -53,15 +53,16 @@ PHASES = {
     },
 }
 SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
+# published variants (results/<env>/<algo>-<variant>.json) timed too, on the Numba MPE: their flags
+VARIANTS = {"maddpg": ["--train-frequency 64"], "iddpg": ["--train-frequency 64"]}
 
 
-def sps(algo, backend, steps, threads, workdir, vector="sync"):
-    run_dir = Path(workdir) / f"{algo}_{backend}_{vector}_{threads}"
+def sps(algo, backend, steps, threads, workdir, vector="sync", extra=""):
+    run_dir = Path(workdir) / f"{algo}_{backend}_{vector}_{threads}{extra.replace(' ', '').replace('-', '_')}"
     flags = (
         f"--backend {backend} --total-timesteps {steps} --eval-interval 0 --eval-episodes 1 --torch-threads {threads}"
     )
-    if vector != "sync":
-        flags += f" --vector {vector}"
+    flags += f" --vector {vector}" * (vector != "sync") + f" {extra}" * bool(extra)
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *flags.split(), "--run-dir", str(run_dir)]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
@@ -107,15 +108,17 @@ def main():
     print(f"raw mpe2 loop: {raw:,.0f} env-steps/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos.split(","):
-            runs = [("numba", args.steps, 1, "sync")]
-            runs += [("numba", args.steps, 2, "sync")] if algo in ("mappo", "ippo") else []
-            runs += [("pettingzoo", args.pz_steps, 1, "sync")]
-            runs += [("pettingzoo", args.pz_steps, 1, "subproc")] if algo in SUBPROC_ALGOS else []
-            for backend, steps, threads, vector in runs:
-                value, cmd = sps(algo, backend, steps, threads, tmp, vector)
+            runs = [("numba", args.steps, 1, "sync", "")]
+            runs += [("numba", args.steps, 2, "sync", "")] if algo in ("mappo", "ippo") else []
+            runs += [("pettingzoo", args.pz_steps, 1, "sync", "")]
+            runs += [("pettingzoo", args.pz_steps, 1, "subproc", "")] if algo in SUBPROC_ALGOS else []
+            runs += [("numba", args.steps, 1, "sync", extra) for extra in VARIANTS.get(algo, [])]
+            for backend, steps, threads, vector, extra in runs:
+                value, cmd = sps(algo, backend, steps, threads, tmp, vector, extra)
                 rows.append(dict(algo=algo, backend=backend, vector=vector, torch_threads=threads, steps=steps,
-                                 sps=value, command=cmd))  # fmt: skip
-                print(f"{algo:6s} {backend:10s} {vector:7s} threads={threads}: {value:,.0f} env-steps/s", flush=True)
+                                 flags=extra, sps=value, command=cmd))  # fmt: skip
+                print(f"{algo:6s} {backend:10s} {vector:7s} threads={threads} {extra}: {value:,.0f} env-steps/s",
+                      flush=True)  # fmt: skip
         profiles = {algo: profile(algo, args.steps, tmp) for algo in PHASES if algo in args.algos.split(",")}
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
                   load_average_before=load_before, load_average=os.getloadavg(),
@@ -136,13 +139,15 @@ def markdown(report):
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), load average {loads[0]} before and "
         f"{loads[1]} after. Regenerate: `{report['command']}`.",
         "Settings: the scripts' defaults (PPO: 128 envs, 25-step rollouts, 1 minibatch, 10 epochs; DDPG family: 128 "
-        "envs, batch 256 every 256 transitions, 25k random steps first), evaluation off.",
+        "envs, batch 256 every 256 transitions, 25k random steps first), evaluation off; 'other flags': a published "
+        "variant's (results/README.md).",
         "",
-        "| script | backend | vector | torch threads | env-steps/s | command |",
-        "|---|---|---|---|---|---|",
+        "| script | backend | vector | torch threads | other flags | env-steps/s | command |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r['algo']} | {r['backend']} | {r['vector']} | {r['torch_threads']} | {r['sps']:,.0f} | `{r['command']}` |"
+        f"| {r['algo']} | {r['backend']} | {r['vector']} | {r['torch_threads']} | {r.get('flags') or '—'} | "
+        f"{r['sps']:,.0f} | `{r['command']}` |"
         for r in report["runs"]
     ]
     raw = report["raw_mpe2_env_steps_per_s"]
@@ -155,7 +160,7 @@ def markdown(report):
         "|---|---|---|---|",
     ]
     for algo in dict.fromkeys(r["algo"] for r in report["runs"]):
-        mine = [r for r in report["runs"] if r["algo"] == algo and r["torch_threads"] == 1]
+        mine = [r for r in report["runs"] if r["algo"] == algo and r["torch_threads"] == 1 and not r.get("flags")]
         numba = next(r["sps"] for r in mine if r["backend"] == "numba")
         pz = next(r["sps"] for r in mine if r["backend"] == "pettingzoo" and r["vector"] == "sync")
         best_pz = max(r["sps"] for r in mine if r["backend"] == "pettingzoo")
