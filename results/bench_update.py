@@ -212,11 +212,20 @@ def measure_ddpg(algo, train_frequency):
     return row
 
 
+def section(title, intro, header, align, cells, note):
+    """A markdown section: title, intro lines, a table of `cells` (rows of strings), a closing note."""
+    return ["", f"## {title}", "", *intro, header, align, *("| " + " | ".join(c) + " |" for c in cells), "", note]
+
+
 def markdown(report):
     loads = [", ".join(f"{x:.1f}" for x in report[k]) for k in ("load_average_before", "load_average")]
-    timed = lambda t: (f"{t['products_ms']:.{1 if t['products_ms'] >= 10 else 2}f} | {t['products_gflops']:.0f} | "
-                       f"{t['update_ms']:.{1 if t['update_ms'] >= 10 else 2}f} | {t['ceiling_env_steps_per_s']:,.0f} | "
-                       f"{t['update_only_env_steps_per_s']:,.0f} |")  # noqa: E731  # fmt: skip
+    ms = lambda x: f"{x:.{1 if x >= 10 else 2}f}"  # noqa: E731
+
+    def timed(r, threads):  # the cells of one thread count
+        t = r[f"threads_{threads}"]
+        return [str(threads), ms(t["products_ms"]), f"{t['products_gflops']:.0f}", ms(t["update_ms"]),
+                f"{t['ceiling_env_steps_per_s']:,.0f}", f"{t['update_only_env_steps_per_s']:,.0f}"]  # fmt: skip
+
     timed_header = ("torch threads | products alone (ms) | their GFLOP/s | whole update (ms) | ceiling: env steps / "
                     "products' time | env steps / whole update's time |")  # fmt: skip
     ppo = [r for r in report["rows"] if "epochs" in r]
@@ -231,51 +240,38 @@ def markdown(report):
         "whole update is the median of 7 timings.",
     ]
     if ppo:
-        lines += [
-            "",
-            "## PPO: one update per rollout",
-            "",
+        cells = [[r["algo"], f"{r['env_steps_per_update']:,}", f"{r['samples']:,} x {r['epochs']}",
+                  f"{r['gflop_products']:.2f}", *timed(r, threads)] for r in ppo for threads in (1, 2)]  # fmt: skip
+        lines += section(
+            "PPO: one update per rollout",
+            [],
             "| script | env steps per update | samples x epochs | GFLOP in matrix products | " + timed_header,
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in ppo:
-            for threads in (1, 2):
-                lines.append(f"| {r['algo']} | {r['env_steps_per_update']:,} | {r['samples']:,} x {r['epochs']} | "
-                             f"{r['gflop_products']:.2f} | {threads} | " + timed(r[f"threads_{threads}"]))  # fmt: skip
-        lines += [
-            "",
+            cells,
             "The ceiling counts nothing but the update's matrix products: acting, env stepping, the elementwise ops "
             "of the networks and the losses, and Adam all come on top of it. A run at these settings is therefore "
             "slower than the ceiling on this machine whatever the implementation; only fewer FLOPs per env step "
             "(fewer epochs, fewer or smaller layers, one critic value per env instead of per agent) or more cores "
             "raise it.",
-        ]
+        )
     if ddpg:
-        lines += [
-            "",
-            "## DDPG family: one update per --train-frequency env steps",
-            "",
-            "One update: a batch sampled from a replay buffer of --learning-starts random transitions, copied to "
-            "torch, then the script's update() (targets, critic step, actor step, soft target update). MATD3's actor "
-            "and targets learn every second update, so its row is the mean of a critic-only and a full update (shapes "
-            "in update.json: of the pair).",
-            "",
+        cells = [[r["algo"], str(r["train_frequency"]), str(r["batch_size"]), f"{r['gflop_products'] * 1e3:.0f}",
+                  *timed(r, threads)] for r in ddpg for threads in (1, 2)]  # fmt: skip
+        ratios = [r["threads_1"]["update_ms"] / r["threads_1"]["products_ms"] for r in ddpg]
+        lines += section(
+            "DDPG family: one update per --train-frequency env steps",
+            ["One update: a batch sampled from a replay buffer of --learning-starts random transitions, copied to "
+             "torch, then the script's update() (targets, critic step, actor step, soft target update). MATD3's actor "
+             "and targets learn every second update, so its row is the mean of a critic-only and a full update "
+             "(shapes in update.json: of the pair).", ""],
             "| script | --train-frequency (env steps per update) | batch | MFLOP in matrix products | " + timed_header,
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in ddpg:
-            for threads in (1, 2):
-                lines.append(f"| {r['algo']} | {r['train_frequency']} | {r['batch_size']} | "
-                             f"{r['gflop_products'] * 1e3:.0f} | "
-                             f"{threads} | " + timed(r[f"threads_{threads}"]))  # fmt: skip
-        ratios = [r["threads_1"]["update_ms"] / r["threads_1"]["products_ms"] for r in ddpg]
-        lines += [
-            "",
+            cells,
             f"Times are per update (MATD3: the mean of a pair). On one thread the whole update takes "
             f"{min(ratios):.1f}x to {max(ratios):.1f}x the time of its products: with networks this small (64 wide, "
             "768 rows) the rest is per-op dispatch, autograd, elementwise ops, Adam, sampling. The last column is what "
             "the update alone allows, before acting, env stepping, storing and evaluating.",
-        ]
+        )  # fmt: skip
     return "\n".join(lines + [""])
 
 
