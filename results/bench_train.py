@@ -54,7 +54,7 @@ PHASES = {
 }
 SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
 # published variants (results/<env>/<algo>-<variant>.json) timed too, on the Numba MPE: their flags
-VARIANTS = {"maddpg": ["--train-frequency 64"], "iddpg": ["--train-frequency 64"]}
+VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
 
 
 def sps(algo, backend, steps, threads, workdir, vector="sync", extra=""):

@@ -16,7 +16,8 @@ acting, env stepping, elementwise ops or Adam. Both thread counts are measured: 
 
 The DDPG family (MADDPG, MATD3, IDDPG) is measured the same way on a replay buffer of `--learning-starts` uniformly
 random transitions, one update being one sampled batch of `--batch-size` (sampling and the copy to torch included in
-the whole update), at each `--train-frequency` of `--ddpg-train-frequencies` (env steps per update). MATD3's
+the whole update), at each `--train-frequency` x `--batch-size` of `--ddpg-settings` (env steps per update x
+transitions per update). MATD3's
 actors and targets learn every `--policy-frequency` updates, so its unit is that many updates.
 """
 
@@ -85,10 +86,10 @@ def filled_rollout(algo, m, seed=0):
     return args, pol, opt, rb, rng
 
 
-def filled_replay(algo, m, train_frequency, seed=0):
-    """The script's networks, optimizers and replay buffer at its defaults (but `train_frequency`), the buffer holding
+def filled_replay(algo, m, train_frequency, batch_size=256, seed=0):
+    """The script's networks, optimizers and replay buffer at its defaults (but these two), the buffer holding
     --learning-starts uniformly random transitions of the Numba MPE, as in main(); returns a one-update callable."""
-    args = m.Args(train_frequency=train_frequency)
+    args = m.Args(train_frequency=train_frequency, batch_size=batch_size)
     torch.manual_seed(seed)
     env = envs.make(ENV_ID, args.num_envs, seed, backend="numba", continuous_actions=args.continuous_actions)
     learners, groups = list(env.groups), env.groups
@@ -197,9 +198,9 @@ def measure(algo):
     return row
 
 
-def measure_ddpg(algo, train_frequency):
+def measure_ddpg(algo, train_frequency, batch_size):
     m = load_script(algo)
-    args, update, per_call = filled_replay(algo, m, train_frequency)
+    args, update, per_call = filled_replay(algo, m, train_frequency, batch_size)
     counts = products_of(update)  # of `per_call` updates
     gflop = sum(2 * mm * k * n * c for (mm, k, n), c in counts.items()) / 1e9 / per_call
     env_steps = train_frequency // args.gradient_steps
@@ -269,8 +270,8 @@ def markdown(report):
             cells,
             f"Times are per update (MATD3: the mean of a pair). On one thread the whole update takes "
             f"{min(ratios):.1f}x to {max(ratios):.1f}x the time of its products: with networks this small (64 wide, "
-            "768 rows) the rest is per-op dispatch, autograd, elementwise ops, Adam, sampling. The last column is what "
-            "the update alone allows, before acting, env stepping, storing and evaluating.",
+            "3 x batch rows) the rest is per-op dispatch, autograd, elementwise ops, Adam, sampling. The last column "
+            "is what the update alone allows, before acting, env stepping, storing and evaluating.",
         )  # fmt: skip
     return "\n".join(lines + [""])
 
@@ -278,17 +279,25 @@ def markdown(report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg", help="comma-separated scripts")
-    parser.add_argument("--ddpg-train-frequencies", default="256,64",
-                        help="--train-frequency values of the DDPG family to measure (256: the default)")  # fmt: skip
+    parser.add_argument(
+        "--ddpg-settings",
+        default="256x256,64x256,256x1024",
+        help="--train-frequency x --batch-size pairs of the DDPG family (256x256: the defaults)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     algos = args.algos.split(",")
     if unknown := [a for a in algos if a not in PPO + DDPG]:
         parser.error(f"--algos {unknown}: measured are {PPO + DDPG}")
-    frequencies = [int(f) for f in args.ddpg_train_frequencies.split(",")]
+    try:
+        settings = [tuple(int(x) for x in setting.split("x", 1)) for setting in args.ddpg_settings.split(",")]
+    except ValueError:
+        parser.error(f"--ddpg-settings {args.ddpg_settings!r}: write train-frequency x batch-size pairs, e.g. 64x256")
+    if any(len(setting) != 2 for setting in settings):
+        parser.error(f"--ddpg-settings {args.ddpg_settings!r}: write train-frequency x batch-size pairs, e.g. 64x256")
     load_before = os.getloadavg()
     rows = [measure(a) for a in algos if a in PPO]
-    rows += [measure_ddpg(a, f) for a in algos if a in DDPG for f in frequencies]
+    rows += [measure_ddpg(a, f, b) for a in algos if a in DDPG for f, b in settings]
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
                   torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
                   command="python results/bench_update.py", rows=rows)  # fmt: skip

@@ -243,7 +243,7 @@ def env_section(
     finals = finals or {}
     refs = {ref["algo"]: ref for ref in references if ref["env_id"] == env_id}
     ours = {result["algo"]: result for result in results}
-    # a reference also stands beside those of our variants it lists (same setting, another training cadence)
+    # a reference also stands beside those of our variants it lists (same setting, another cadence or batch)
     variant_refs = {v: ref for ref in refs.values() for v in ref.get("variants", []) if v in ours}
     lines = [f"## {env_id}", ""]
     lines += [

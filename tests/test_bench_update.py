@@ -35,7 +35,7 @@ def test_maddpg_update_products_are_those_of_its_four_passes():
     the input gradients of its upper layers; actor forward, the critic on the actor's actions with input gradients
     through all its layers (its weights frozen), then the actor's weight gradients and upper input gradients."""
     m = bench_update.load_script("maddpg")
-    args, update, per_call = bench_update.filled_replay("maddpg", m, train_frequency=256)
+    args, update, per_call = bench_update.filled_replay("maddpg", m, train_frequency=256, batch_size=256)
     counts = bench_update.products_of(update)
     rows, h = 3 * args.batch_size, args.hidden_size
     obs, actions, ids = 18, 5, 3
