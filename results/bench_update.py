@@ -17,13 +17,14 @@ acting, env stepping, elementwise ops or Adam. Both thread counts are measured: 
 The DDPG family (MADDPG, MATD3, IDDPG) is measured the same way on a replay buffer of `--learning-starts` uniformly
 random transitions, one update being one sampled batch of `--batch-size` (sampling and the copy to torch included in
 the whole update), at each `--train-frequency` x `--batch-size` of `--ddpg-settings` (env steps per update x
-transitions per update). MATD3's
-actors and targets learn every `--policy-frequency` updates, so its unit is that many updates.
+transitions per update). MATD3's actors and targets learn every `--policy-frequency` updates, so its unit is that
+many updates.
 """
 
 import argparse
 import copy
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -114,7 +115,7 @@ def filled_replay(algo, m, train_frequency, batch_size=256, seed=0):
         obs = step.next
     env.close()
     per_call = getattr(args, "policy_frequency", 1)  # MATD3: a full cycle of critic-only and actor updates
-    count = iter(range(1 << 62))
+    count = itertools.count()  # MATD3's update counter
 
     def update():
         for _ in range(per_call):
