@@ -18,7 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import envs
-from buffers import BufferError, EpisodeReplayBuffer, to_torch
+from buffers import BufferInputError, EpisodeReplayBuffer, to_torch
 
 ALGO = "drqn"
 LOG_EVERY = 100  # env steps between TensorBoard points
@@ -410,6 +410,6 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     try:
         main(args)
-    except (ValueError, ImportError, BufferError, FloatingPointError) as e:
+    except (ValueError, ImportError, BufferInputError, FloatingPointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

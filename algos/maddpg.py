@@ -18,7 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import envs
-from buffers import BufferError, PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from buffers import BufferInputError, PrioritizedReplayBuffer, ReplayBuffer, to_torch
 
 ALGO = "maddpg"
 
@@ -587,6 +587,6 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     try:
         main(args)
-    except (ValueError, ImportError, BufferError, FloatingPointError) as e:
+    except (ValueError, ImportError, BufferInputError, FloatingPointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

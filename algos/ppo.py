@@ -20,7 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import envs
-from buffers import BufferError, RolloutBuffer, to_torch
+from buffers import BufferInputError, RolloutBuffer, to_torch
 
 ALGO = "ppo"
 
@@ -467,6 +467,6 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     try:
         main(args)
-    except (ValueError, ImportError, BufferError, FloatingPointError) as e:
+    except (ValueError, ImportError, BufferInputError, FloatingPointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

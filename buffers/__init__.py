@@ -17,7 +17,7 @@ from buffers import kernels, reference
 from buffers.episode import EpisodeReplayBuffer
 from buffers.replay import Priorities, PrioritizedReplayBuffer, ReplayBuffer
 from buffers.rollout import RolloutBuffer
-from buffers.schema import BufferError, Schema, to_torch
+from buffers.schema import BufferInputError, Schema, to_torch
 from buffers.snapshot import Snapshot
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
     "reference",
     "SumTree",
     "MinTree",
-    "BufferError",
+    "BufferInputError",
     "Schema",
     "to_torch",
     "RolloutBuffer",

@@ -10,7 +10,7 @@ comes after the last step), so a stored episode has ``max_len + 1`` rows and ``f
 import numpy as np
 
 from buffers.replay import Priorities
-from buffers.schema import BufferError, Schema
+from buffers.schema import BufferInputError, Schema
 from buffers.snapshot import Snapshot
 
 __all__ = ["EpisodeReplayBuffer"]
@@ -25,7 +25,7 @@ class EpisodeReplayBuffer(Snapshot):
 
     def __init__(self, capacity, max_len, num_envs, fields, alpha=None):
         if capacity < 1 or max_len < 1 or num_envs < 1:
-            raise BufferError(f"capacity={capacity}, max_len={max_len}, num_envs={num_envs} must be >= 1")
+            raise BufferInputError(f"capacity={capacity}, max_len={max_len}, num_envs={num_envs} must be >= 1")
         self.capacity, self.max_len, self.num_envs = int(capacity), int(max_len), int(num_envs)
         self.schema = Schema(fields)
         rows = self.max_len + 1  # the steps, then the final observation
@@ -44,7 +44,7 @@ class EpisodeReplayBuffer(Snapshot):
         """Append one step to every env's running episode (each declared field, shape (num_envs, *shape))."""
         over = np.flatnonzero(self.t >= self.max_len)
         if over.size:
-            raise BufferError(
+            raise BufferInputError(
                 f"env {over[0]}'s episode is longer than max_len={self.max_len}: raise max_len to the "
                 "env's episode limit, or call finish() for envs whose episode ended"
             )
@@ -63,10 +63,10 @@ class EpisodeReplayBuffer(Snapshot):
         if env_ids.size == 0:
             return np.empty(0, dtype=np.int64)
         if np.any((env_ids < 0) | (env_ids >= self.num_envs)):
-            raise BufferError(f"env_ids {env_ids.tolist()} must lie in [0, {self.num_envs})")
+            raise BufferInputError(f"env_ids {env_ids.tolist()} must lie in [0, {self.num_envs})")
         empty = env_ids[self.t[env_ids] == 0]
         if empty.size:
-            raise BufferError(f"env {empty[0]} has no steps to finish: add() at least one step first")
+            raise BufferInputError(f"env {empty[0]} has no steps to finish: add() at least one step first")
         steps = self.t[env_ids]
         for name, arr in self.schema.check(final, (len(env_ids),), partial=True).items():
             self.staging[name][env_ids, steps] = arr
@@ -89,9 +89,9 @@ class EpisodeReplayBuffer(Snapshot):
         ``filled`` (L + 1, batch) bool, True on real steps, and ``indices``; ``weights`` when prioritized.
         """
         if self.size == 0:
-            raise BufferError("cannot sample from an empty episode buffer: finish() an episode first")
+            raise BufferInputError("cannot sample from an empty episode buffer: finish() an episode first")
         if not 1 <= batch_size <= self.size:
-            raise BufferError(
+            raise BufferInputError(
                 f"batch_size={batch_size} but the buffer holds {self.size} episodes: sample at most that many"
             )
         batch = {}
@@ -128,5 +128,5 @@ class EpisodeReplayBuffer(Snapshot):
     def update_priorities(self, indices, priorities):
         """Per-episode priorities (e.g. mean |TD error| over the episode's filled steps)."""
         if self.priorities is None:
-            raise BufferError("this EpisodeReplayBuffer is uniform: pass alpha=... to prioritize episodes")
+            raise BufferInputError("this EpisodeReplayBuffer is uniform: pass alpha=... to prioritize episodes")
         self.priorities.update(indices, priorities)

@@ -9,7 +9,7 @@ episode's *final* observation at a time-limit step, never the first observation 
 import numpy as np
 
 from buffers import kernels
-from buffers.schema import BufferError, Schema
+from buffers.schema import BufferInputError, Schema
 from buffers.segment_tree import MinTree, SumTree
 from buffers.snapshot import Snapshot
 
@@ -30,12 +30,12 @@ class ReplayBuffer(Snapshot):
 
     def __init__(self, capacity, num_envs, fields, uint8_fields=()):
         if num_envs < 1 or capacity < num_envs:
-            raise BufferError(f"capacity={capacity} must be >= num_envs={num_envs} >= 1 (one row per step)")
+            raise BufferInputError(f"capacity={capacity} must be >= num_envs={num_envs} >= 1 (one row per step)")
         self.rows, self.num_envs = int(capacity) // int(num_envs), int(num_envs)
         self.schema = Schema(fields)
         bad = [n for n in uint8_fields if n not in self.schema]
         if bad:
-            raise BufferError(f"uint8_fields {bad} are not declared fields ({list(self.schema)})")
+            raise BufferInputError(f"uint8_fields {bad} are not declared fields ({list(self.schema)})")
         self.uint8_fields = tuple(uint8_fields)
         self.data = self.schema.allocate((self.rows, self.num_envs), {n: np.uint8 for n in uint8_fields})
         self.pos = 0  # next row to write
@@ -79,9 +79,9 @@ class ReplayBuffer(Snapshot):
 
     def _check_sample(self, batch_size):
         if self.size == 0:
-            raise BufferError("cannot sample from an empty replay buffer: add transitions first")
+            raise BufferInputError("cannot sample from an empty replay buffer: add transitions first")
         if not 1 <= batch_size <= len(self):
-            raise BufferError(
+            raise BufferInputError(
                 f"batch_size={batch_size} but the buffer holds {len(self)} transitions: sample at most "
                 "that many (start learning later, e.g. a larger --learning-starts)"
             )
@@ -113,7 +113,7 @@ class ReplayBuffer(Snapshot):
         """Replace rewards by n-step sums, add ``discounts``, read ``next_*`` at the bootstrap step."""
         for name in ("rewards", "terminated", "truncated"):
             if name not in self.schema or self.schema.shape(name) != ():
-                raise BufferError(
+                raise BufferInputError(
                     f"n-step sampling needs a scalar-per-env field {name!r} (shape ()); "
                     f"declared: {self.schema.fields.get(name)}"
                 )
@@ -144,7 +144,7 @@ class Priorities:
 
     def __init__(self, capacity, alpha, eps=1e-6):
         if not 0.0 <= alpha <= 1.0:
-            raise BufferError(f"alpha={alpha} must lie in [0, 1] (0 = uniform, 1 = fully proportional)")
+            raise BufferInputError(f"alpha={alpha} must lie in [0, 1] (0 = uniform, 1 = fully proportional)")
         self.alpha, self.eps = float(alpha), float(eps)
         self.sum_tree, self.min_tree = SumTree(capacity), MinTree(capacity)
         self.max_priority = 1.0
@@ -159,7 +159,7 @@ class Priorities:
         priorities = np.abs(np.asarray(priorities, dtype=np.float64).reshape(-1)) + self.eps
         if not np.all(np.isfinite(priorities)):
             bad = int(np.flatnonzero(~np.isfinite(priorities))[0])
-            raise BufferError(
+            raise BufferInputError(
                 f"priority {priorities[bad]} at position {bad} is not finite: the TD errors contain "
                 "NaN or inf (check the loss, learning rate and reward scale)"
             )
@@ -182,7 +182,7 @@ class Priorities:
     def sample(self, batch_size, beta, rng, count):
         """Stratified proportional indices and their importance weights (N P(i))^-beta / max_j w_j."""
         if not 0.0 <= beta <= 1.0:
-            raise BufferError(f"beta={beta} must lie in [0, 1]")
+            raise BufferInputError(f"beta={beta} must lie in [0, 1]")
         indices = self.sum_tree.sample_stratified(batch_size, rng)
         total = self.sum_tree.sum()
         probs = self.sum_tree.get(indices) / total

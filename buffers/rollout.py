@@ -3,7 +3,7 @@
 import numpy as np
 
 from buffers import kernels
-from buffers.schema import BufferError, Schema
+from buffers.schema import BufferInputError, Schema
 
 __all__ = ["RolloutBuffer"]
 
@@ -11,7 +11,7 @@ __all__ = ["RolloutBuffer"]
 def _broadcast_flags(flags, shape, name):
     """Per-env (T, E) or per-agent (T, E, A) flags, broadcast to the values' shape (T, E, ...)."""
     if flags.shape != shape[: flags.ndim]:
-        raise BufferError(f"{name} has shape {flags.shape}, which does not prefix the values' shape {shape}")
+        raise BufferInputError(f"{name} has shape {flags.shape}, which does not prefix the values' shape {shape}")
     return np.broadcast_to(flags.reshape(flags.shape + (1,) * (len(shape) - flags.ndim)), shape)
 
 
@@ -35,7 +35,7 @@ class RolloutBuffer:
 
     def __init__(self, num_steps, num_envs, fields):
         if num_steps < 1 or num_envs < 1:
-            raise BufferError(f"num_steps={num_steps} and num_envs={num_envs} must both be >= 1")
+            raise BufferInputError(f"num_steps={num_steps} and num_envs={num_envs} must both be >= 1")
         self.num_steps, self.num_envs = int(num_steps), int(num_envs)
         self.schema = Schema(fields)
         self.data = self.schema.allocate((self.num_steps, self.num_envs))
@@ -57,7 +57,7 @@ class RolloutBuffer:
     def add(self, **step):
         """Store one step of every env: each declared field with shape (num_envs, *per_env_shape)."""
         if self.full:
-            raise BufferError(
+            raise BufferInputError(
                 f"the rollout is full ({self.num_steps} steps): compute targets, update, then call reset()"
             )
         for name, arr in self.schema.check(step, (self.num_envs,)).items():
@@ -71,25 +71,25 @@ class RolloutBuffer:
         `last_values` after the last step.
         """
         if not self.full:
-            raise BufferError(f"targets need a full rollout: {self.pos} of {self.num_steps} steps stored so far")
+            raise BufferInputError(f"targets need a full rollout: {self.pos} of {self.num_steps} steps stored so far")
         for key in ("rewards", "values", "terminated"):
             if names[key] not in self.data:
-                raise BufferError(f"field {names[key]!r} is needed for targets but is not declared")
+                raise BufferInputError(f"field {names[key]!r} is needed for targets but is not declared")
         v = self.data[names["values"]]
         r = self.data[names["rewards"]].astype(v.dtype, copy=False)
         if r.shape != v.shape:
-            raise BufferError(f"{names['rewards']!r} has shape {r.shape} but {names['values']!r} has {v.shape}")
+            raise BufferInputError(f"{names['rewards']!r} has shape {r.shape} but {names['values']!r} has {v.shape}")
         term = _broadcast_flags(self.data[names["terminated"]] != 0, v.shape, names["terminated"])
         ends, truncated = term, self.data.get(names["truncated"])
         if truncated is not None:
             ends = term | _broadcast_flags(truncated != 0, v.shape, names["truncated"])
         last = np.asarray(last_values, dtype=v.dtype)
         if last.shape != v.shape[1:]:
-            raise BufferError(f"last_values has shape {last.shape}, expected {v.shape[1:]} (like one step)")
+            raise BufferInputError(f"last_values has shape {last.shape}, expected {v.shape[1:]} (like one step)")
         next_values = np.concatenate([v[1:], last[None]], axis=0)
         if truncated is not None and truncated.any():
             if names["final_values"] not in self.data:
-                raise BufferError(
+                raise BufferInputError(
                     f"the rollout has time-limit truncations but no {names['final_values']!r} field: declare it "
                     "and store V(final observation) so a truncated episode bootstraps instead of being "
                     "treated as terminated"
@@ -131,7 +131,7 @@ class RolloutBuffer:
                         final_values="final_values")  # fmt: skip
         unknown = set(names) - set(defaults)
         if unknown:
-            raise BufferError(f"unknown field-name keyword(s) {sorted(unknown)}; accepted: {sorted(defaults)}")
+            raise BufferInputError(f"unknown field-name keyword(s) {sorted(unknown)}; accepted: {sorted(defaults)}")
         return defaults | names
 
     def _arrays(self, fields):
@@ -139,16 +139,16 @@ class RolloutBuffer:
         names = list(arrays) if fields is None else list(fields)
         unknown = [n for n in names if n not in arrays]
         if unknown:
-            raise BufferError(f"unknown field(s) {unknown}; available: {list(arrays)}")
+            raise BufferInputError(f"unknown field(s) {unknown}; available: {list(arrays)}")
         return {n: arrays[n] for n in names}
 
     def minibatches(self, num_minibatches, rng, fields=None):
         """Yield `num_minibatches` shuffled flat batches: dict name -> (about T*E/n, *per_env_shape)."""
         if not self.full:
-            raise BufferError(f"minibatches need a full rollout: {self.pos} of {self.num_steps} steps stored")
+            raise BufferInputError(f"minibatches need a full rollout: {self.pos} of {self.num_steps} steps stored")
         n = self.num_steps * self.num_envs
         if not 1 <= num_minibatches <= n:
-            raise BufferError(f"num_minibatches={num_minibatches} must lie in [1, {n}] (T * E samples)")
+            raise BufferInputError(f"num_minibatches={num_minibatches} must lie in [1, {n}] (T * E samples)")
         flat = {k: v.reshape(n, *v.shape[2:]) for k, v in self._arrays(fields).items()}
         for idx in np.array_split(rng.permutation(n), num_minibatches):
             yield {k: v[idx] for k, v in flat.items()}
@@ -161,12 +161,12 @@ class RolloutBuffer:
         ended (its `terminated` / `truncated` fields) and starts each chunk from a stored hidden state.
         """
         if not self.full:
-            raise BufferError(f"sequences need a full rollout: {self.pos} of {self.num_steps} steps stored")
+            raise BufferInputError(f"sequences need a full rollout: {self.pos} of {self.num_steps} steps stored")
         if chunk_len < 1 or self.num_steps % chunk_len:
-            raise BufferError(f"chunk_len={chunk_len} must divide num_steps={self.num_steps}")
+            raise BufferInputError(f"chunk_len={chunk_len} must divide num_steps={self.num_steps}")
         n_chunks = self.num_steps // chunk_len * self.num_envs
         if not 1 <= num_minibatches <= n_chunks:
-            raise BufferError(f"num_minibatches={num_minibatches} must lie in [1, {n_chunks}] (chunks)")
+            raise BufferInputError(f"num_minibatches={num_minibatches} must lie in [1, {n_chunks}] (chunks)")
         chunked = {}
         for k, v in self._arrays(fields).items():
             c = v.reshape(self.num_steps // chunk_len, chunk_len, self.num_envs, *v.shape[2:])

@@ -12,15 +12,15 @@ A script declares its fields once, ``{name: (per_env_shape, dtype)}``, for examp
     }
 
 Every buffer validates what it is given against the schema (a missing or unknown field, a wrong shape,
-a dtype that cannot be cast without changing kind) and raises a `BufferError` that names the field.
+a dtype that cannot be cast without changing kind) and raises a `BufferInputError` that names the field.
 """
 
 import numpy as np
 
-__all__ = ["BufferError", "Schema", "to_torch"]
+__all__ = ["BufferInputError", "Schema", "to_torch"]
 
 
-class BufferError(ValueError):
+class BufferInputError(ValueError):
     """A buffer was used in a way its schema or its state does not allow; the message says how to fix it."""
 
 
@@ -29,7 +29,7 @@ class Schema:
 
     def __init__(self, fields):
         if not fields:
-            raise BufferError("a buffer needs at least one field: {name: (per_env_shape, dtype)}")
+            raise BufferInputError("a buffer needs at least one field: {name: (per_env_shape, dtype)}")
         self.fields = {}
         for name, spec in fields.items():
             try:
@@ -37,7 +37,7 @@ class Schema:
                 shape = (shape,) if np.isscalar(shape) else tuple(int(s) for s in shape)
                 dtype = np.dtype(dtype)
             except (TypeError, ValueError) as e:
-                raise BufferError(
+                raise BufferInputError(
                     f"field {name!r} is declared as {spec!r}; expected (per_env_shape, dtype), "
                     "e.g. ((3, 18), np.float32)"
                 ) from e
@@ -64,22 +64,22 @@ class Schema:
         """Validate one `add` call: every declared field (unless `partial`), each of shape (*lead, *shape)."""
         unknown = [k for k in step if k not in self.fields]
         if unknown:
-            raise BufferError(f"unknown field(s) {unknown}; this buffer declares {list(self.fields)}")
+            raise BufferInputError(f"unknown field(s) {unknown}; this buffer declares {list(self.fields)}")
         if not partial:
             missing = [k for k in self.fields if k not in step]
             if missing:
-                raise BufferError(f"missing field(s) {missing}: every declared field must be given to add()")
+                raise BufferInputError(f"missing field(s) {missing}: every declared field must be given to add()")
         out = {}
         for name, value in step.items():
             shape, dtype = self.fields[name]
             arr = np.asarray(value)
             if arr.shape != (*lead, *shape):
-                raise BufferError(
+                raise BufferInputError(
                     f"field {name!r} has shape {arr.shape}, expected {(*lead, *shape)} "
                     f"(leading {lead} then the declared per-env shape {shape})"
                 )
             if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
-                raise BufferError(
+                raise BufferInputError(
                     f"field {name!r} has dtype {arr.dtype}, which cannot become the declared {dtype} "
                     "without changing kind (e.g. float actions into an integer field)"
                 )

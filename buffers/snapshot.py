@@ -12,7 +12,7 @@ import zipfile
 
 import numpy as np
 
-from buffers.schema import BufferError
+from buffers.schema import BufferInputError
 
 __all__ = ["Snapshot"]
 
@@ -39,17 +39,19 @@ class Snapshot:
                 meta = json.loads(bytes(f[META]).decode())
                 arrays = {name: f[name] for name in f.files if name != META}
         except FileNotFoundError:
-            raise BufferError(f"no buffer snapshot at {path}") from None
+            raise BufferInputError(f"no buffer snapshot at {path}") from None
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-            raise BufferError(f"buffer snapshot {path} is unreadable (corrupt or not written by save()): {e}") from None
+            raise BufferInputError(
+                f"buffer snapshot {path} is unreadable (corrupt or not written by save()): {e}"
+            ) from None
         kind = type(self).__name__
         if meta.get("kind") != kind:
-            raise BufferError(f"{path} holds a {meta.get('kind')} snapshot; this buffer is a {kind}")
+            raise BufferInputError(f"{path} holds a {meta.get('kind')} snapshot; this buffer is a {kind}")
         if set(arrays) != set(like):
-            raise BufferError(f"{path} holds the fields {sorted(arrays)}; this buffer has {sorted(like)}")
+            raise BufferInputError(f"{path} holds the fields {sorted(arrays)}; this buffer has {sorted(like)}")
         for name, a in like.items():
             if arrays[name].shape != a.shape or arrays[name].dtype != a.dtype:
-                raise BufferError(
+                raise BufferInputError(
                     f"{path}: field {name!r} was saved as {arrays[name].dtype} {arrays[name].shape}, this buffer "
                     f"holds {a.dtype} {a.shape}: build the buffer with the same capacity, envs and fields"
                 )

@@ -5,7 +5,7 @@ The pieces, shared with the subprocess version in `envs/subproc.py`:
 * `describe(env)` reads one env's agents and spaces once and fixes the layout: the groups (agents
   with the same role prefix and identical spaces, in the env's agent order), their observation,
   action and action-mask shapes, and where the global state comes from.
-* `Buffers` preallocates every batched array a step produces, `(E, ...)` each: the next and the
+* `StepArrays` preallocates every batched array a step produces, `(E, ...)` each: the next and the
   final `Observation`, rewards, terminated, truncated, done, and the actions to apply. It can live
   in ordinary memory or be laid over one shared-memory block.
 * `EnvRunner` owns one env and writes row `i` of those arrays: it turns the array actions into the
@@ -192,14 +192,14 @@ def describe(env, seed: int, state_from_obs: bool = False) -> EnvSpec:
     )
 
 
-class Buffers:
+class StepArrays:
     """Every batched array of a vector env, preallocated once: `(E, ...)` each.
 
     next, final  Observation of full batch arrays (obs, state, agent_mask, avail_actions)
     rewards[g] (E, A) float32, terminated[g] (E, A) bool, truncated (E,) bool, done (E,) bool
     actions[g]   (E, A) int64 or (E, A, d) float32: what the next step applies
 
-    With `memory` (a writable buffer of at least `Buffers.nbytes(...)` bytes, e.g. a
+    With `memory` (a writable buffer of at least `StepArrays.nbytes(...)` bytes, e.g. a
     multiprocessing RawArray) the arrays are views into it, so processes that map the same block
     see each other's writes.
     """
@@ -281,7 +281,7 @@ class EnvRunner:
     in this per-agent loop they are cheaper than numpy scalars.
     """
 
-    def __init__(self, env, spec: EnvSpec, buffers: Buffers, index: int):
+    def __init__(self, env, spec: EnvSpec, buffers: StepArrays, index: int):
         self.env = env
         self.spec = spec
         self.index = index
@@ -478,7 +478,7 @@ class PettingZooVecEnv(VecEnv):
     `self._buffers`; this class copies the buffers out, so results stay valid after the next step.
     """
 
-    def __init__(self, spec: EnvSpec, num_envs: int, seed: int, buffers: Buffers):
+    def __init__(self, spec: EnvSpec, num_envs: int, seed: int, buffers: StepArrays):
         self.spec = spec
         self.groups = spec.groups
         self.num_envs = num_envs
@@ -609,7 +609,7 @@ class SyncVecEnv(PettingZooVecEnv):
     def __init__(self, env_fn: Callable, num_envs: int, seed: int = 0, state_from_obs: bool = False):
         envs = [env_fn() for _ in range(num_envs)]
         spec = describe(envs[0], seed, state_from_obs)
-        buffers = Buffers(spec, num_envs)
+        buffers = StepArrays(spec, num_envs)
         super().__init__(spec, num_envs, seed, buffers)
         self.runners = [EnvRunner(env, spec, buffers, i) for i, env in enumerate(envs)]
 

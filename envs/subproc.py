@@ -5,7 +5,7 @@ one after another, so a step costs W round trips, not E: 128 envs on 2 cores are
 contending for the same cores.
 
 Observations, rewards, flags and actions live in one shared-memory block (a multiprocessing
-`RawArray`, mapped as numpy arrays by `Buffers` in the parent and in every worker). Each step the
+`RawArray`, mapped as numpy arrays by `StepArrays` in the parent and in every worker). Each step the
 parent writes the actions into the block and sends each worker the one-word command "step"; the
 worker's `EnvRunner`s write their envs' rows and it answers with its finished episodes' stats.
 So arrays never travel through pickles; only commands, episode stats and render frames do.
@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from envs.api import EpisodeStats
-from envs.pettingzoo_env import Buffers, EnvRunner, EnvSpec, PettingZooVecEnv, describe
+from envs.pettingzoo_env import EnvRunner, EnvSpec, PettingZooVecEnv, StepArrays, describe
 
 
 class EnvWorkerError(RuntimeError):
@@ -53,7 +53,7 @@ def _worker(lo: int, hi: int, env_fn: Callable, spec: EnvSpec, num_envs: int, me
     # stops a worker at once, whatever handler a forked worker inherited from its parent (the scripts' saves).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    buffers, runners, current = Buffers(spec, num_envs, memory), [], lo
+    buffers, runners, current = StepArrays(spec, num_envs, memory), [], lo
     try:
         for current in range(lo, hi):
             runners.append(EnvRunner(env_fn(), spec, buffers, current))
@@ -143,8 +143,8 @@ class SubprocVecEnv(PettingZooVecEnv):
         finally:
             probe.close()
         ctx = mp.get_context(start_method or _default_start_method())
-        self._memory = ctx.RawArray("B", max(Buffers.nbytes(spec, num_envs), 1))
-        super().__init__(spec, num_envs, seed, Buffers(spec, num_envs, self._memory))
+        self._memory = ctx.RawArray("B", max(StepArrays.nbytes(spec, num_envs), 1))
+        super().__init__(spec, num_envs, seed, StepArrays(spec, num_envs, self._memory))
         self.timeout = timeout
         bounds = [round(w * num_envs / num_workers) for w in range(num_workers + 1)]
         self._blocks = list(zip(bounds[:-1], bounds[1:], strict=True))  # worker w holds envs [lo, hi)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from buffers import (
-    BufferError,
+    BufferInputError,
     EpisodeReplayBuffer,
     PrioritizedReplayBuffer,
     ReplayBuffer,
@@ -86,7 +86,7 @@ def test_truncation_without_final_values_is_refused():
         step = rollout_step(rng, t, truncate=t == 1)
         del step["final_values"]
         rb.add(**step)
-    with pytest.raises(BufferError, match="truncations but no 'final_values'"):
+    with pytest.raises(BufferInputError, match="truncations but no 'final_values'"):
         rb.compute_gae(np.zeros((E, A)), 0.99, 0.95)
 
 
@@ -115,23 +115,23 @@ def test_rollout_misuse_errors():
     rb = RolloutBuffer(2, E, ROLLOUT_FIELDS)
     rng = np.random.default_rng(0)
     step = rollout_step(rng, 0)
-    with pytest.raises(BufferError, match="targets need a full rollout: 0 of 2"):
+    with pytest.raises(BufferInputError, match="targets need a full rollout: 0 of 2"):
         rb.compute_gae(np.zeros((E, A)), 0.99, 0.95)
-    with pytest.raises(BufferError, match=r"missing field\(s\) \['obs'\]"):
+    with pytest.raises(BufferInputError, match=r"missing field\(s\) \['obs'\]"):
         rb.add(**{k: v for k, v in step.items() if k != "obs"})
-    with pytest.raises(BufferError, match=r"unknown field\(s\) \['logits'\]"):
+    with pytest.raises(BufferInputError, match=r"unknown field\(s\) \['logits'\]"):
         rb.add(**step, logits=np.zeros((E, A)))
-    with pytest.raises(BufferError, match=r"field 'obs' has shape \(3, 4\), expected \(3, 2, 4\)"):
+    with pytest.raises(BufferInputError, match=r"field 'obs' has shape \(3, 4\), expected \(3, 2, 4\)"):
         rb.add(**{**step, "obs": np.zeros((E, OBS))})
-    with pytest.raises(BufferError, match="'actions' has dtype float64"):
+    with pytest.raises(BufferInputError, match="'actions' has dtype float64"):
         rb.add(**{**step, "actions": np.zeros((E, A))})
     rb.add(**step)
     rb.add(**step)
-    with pytest.raises(BufferError, match="the rollout is full"):
+    with pytest.raises(BufferInputError, match="the rollout is full"):
         rb.add(**step)
-    with pytest.raises(BufferError, match="last_values has shape"):
+    with pytest.raises(BufferInputError, match="last_values has shape"):
         rb.compute_gae(np.zeros(E), 0.99, 0.95)
-    with pytest.raises(BufferError, match="chunk_len=3 must divide"):
+    with pytest.raises(BufferInputError, match="chunk_len=3 must divide"):
         next(rb.sequences(3, 1, rng))
     rb.reset()
     assert rb.pos == 0 and not rb.full
@@ -184,10 +184,10 @@ def test_replay_next_obs_at_truncation_is_the_final_observation():
 def test_replay_uniform_sample_and_errors():
     rb = ReplayBuffer(50, E, REPLAY_FIELDS)
     rng = np.random.default_rng(0)
-    with pytest.raises(BufferError, match="empty replay buffer"):
+    with pytest.raises(BufferInputError, match="empty replay buffer"):
         rb.sample(1, rng)
     rb.add(**replay_step(0))
-    with pytest.raises(BufferError, match="batch_size=4 but the buffer holds 3"):
+    with pytest.raises(BufferInputError, match="batch_size=4 but the buffer holds 3"):
         rb.sample(4, rng)
     batch = rb.sample(3, rng)
     assert batch["obs"].shape == (3, OBS) and batch["indices"].shape == (3,)
@@ -239,7 +239,7 @@ def test_prioritized_sampling_follows_priorities_and_weights_match_formula():
     batch = rb.sample(8, rng, beta=0.7)
     w = (8 * probs[batch["indices"]]) ** -0.7 / (8 * probs.min()) ** -0.7
     np.testing.assert_allclose(batch["weights"], w, rtol=1e-5)
-    with pytest.raises(BufferError, match="not finite"):
+    with pytest.raises(BufferInputError, match="not finite"):
         rb.update_priorities([0], [np.nan])
 
 
@@ -275,20 +275,20 @@ def test_episodes_from_envs_finishing_at_different_steps_are_padded_with_filled_
 def test_episode_buffer_errors_and_prioritized_episodes():
     eb = EpisodeReplayBuffer(4, max_len=2, num_envs=1, fields=EPISODE_FIELDS, alpha=0.6)
     rng = np.random.default_rng(0)
-    with pytest.raises(BufferError, match="empty episode buffer"):
+    with pytest.raises(BufferInputError, match="empty episode buffer"):
         eb.sample(1, rng)
-    with pytest.raises(BufferError, match="no steps to finish"):
+    with pytest.raises(BufferInputError, match="no steps to finish"):
         eb.finish([0])
     step = dict(obs=np.zeros((1, OBS), np.float32), actions=np.zeros(1, np.int64), rewards=np.zeros(1))
     eb.add(**step)
     eb.add(**step)
-    with pytest.raises(BufferError, match="longer than max_len=2"):
+    with pytest.raises(BufferInputError, match="longer than max_len=2"):
         eb.add(**step)
     eb.finish([0])
     batch = eb.sample(1, rng, beta=0.5)
     assert batch["weights"].shape == (1,)
     eb.update_priorities(batch["indices"], [0.5])
-    with pytest.raises(BufferError, match="holds 1 episodes"):
+    with pytest.raises(BufferInputError, match="holds 1 episodes"):
         eb.sample(2, rng)
 
 
@@ -349,16 +349,18 @@ def test_snapshot_errors_name_the_problem(tmp_path):
     rb = ReplayBuffer(4 * E, E, REPLAY_FIELDS)
     rb.add(**replay_step(0))
     rb.save(tmp_path / "r.npz")
-    with pytest.raises(BufferError, match="no buffer snapshot"):
+    with pytest.raises(BufferInputError, match="no buffer snapshot"):
         rb.load(tmp_path / "missing.npz")
     (tmp_path / "bad.npz").write_bytes(b"garbage, not an npz")
-    with pytest.raises(BufferError, match="unreadable"):
+    with pytest.raises(BufferInputError, match="unreadable"):
         rb.load(tmp_path / "bad.npz")
-    with pytest.raises(BufferError, match="field 'obs' was saved as float32 \\(4, 3, 4\\).*same capacity"):
+    with pytest.raises(BufferInputError, match="field 'obs' was saved as float32 \\(4, 3, 4\\).*same capacity"):
         ReplayBuffer(8 * E, E, REPLAY_FIELDS).load(tmp_path / "r.npz")
-    with pytest.raises(BufferError, match="holds the fields"):
+    with pytest.raises(BufferInputError, match="holds the fields"):
         ReplayBuffer(4 * E, E, {k: v for k, v in REPLAY_FIELDS.items() if k != "actions"}).load(tmp_path / "r.npz")
-    with pytest.raises(BufferError, match="holds a ReplayBuffer snapshot; this buffer is a PrioritizedReplayBuffer"):
+    with pytest.raises(
+        BufferInputError, match="holds a ReplayBuffer snapshot; this buffer is a Prior"
+    ):
         PrioritizedReplayBuffer(4 * E, E, REPLAY_FIELDS).load(tmp_path / "r.npz")
     assert not list(tmp_path.glob("*.tmp"))
 
