@@ -358,9 +358,7 @@ def test_snapshot_errors_name_the_problem(tmp_path):
         ReplayBuffer(8 * E, E, REPLAY_FIELDS).load(tmp_path / "r.npz")
     with pytest.raises(BufferInputError, match="holds the fields"):
         ReplayBuffer(4 * E, E, {k: v for k, v in REPLAY_FIELDS.items() if k != "actions"}).load(tmp_path / "r.npz")
-    with pytest.raises(
-        BufferInputError, match="holds a ReplayBuffer snapshot; this buffer is a Prior"
-    ):
+    with pytest.raises(BufferInputError, match="holds a ReplayBuffer snapshot; this buffer is a Prior"):
         PrioritizedReplayBuffer(4 * E, E, REPLAY_FIELDS).load(tmp_path / "r.npz")
     assert not list(tmp_path.glob("*.tmp"))
 
