@@ -1,0 +1,57 @@
+"""The run around an algorithm script: everything in `algos/*.py` that is not the algorithm.
+
+    from runtime import MultiAgentArgs, Run, check_args, cli, make_env, setup
+
+    @dataclass
+    class Args(MultiAgentArgs):          # --env-id, --seed, --total-timesteps, ... come from here
+        learning_rate: float = 7e-4      # the algorithm's own flags
+
+    def main(args):
+        check_args(args)                             # every flag, before any work
+        device, rng = setup(args)                    # threads, seeds, device
+        env = make_env(args, args.num_envs, args.seed)
+        ...networks, optimizers...
+        run = Run(args, ALGO, env, nets, optimizers, rng, policy=greedy)   # run dir, lock, writer, resume
+        with run:                                    # Ctrl-C / SIGTERM / NaN: last.pt stays sound
+            while run.global_step < args.total_timesteps:
+                ...act, step, store, update...
+                run.step(global_step, iteration=it)  # progress, evaluation, periodic last.pt, stop requests
+        run.finish()                                 # last evaluation, last.pt, the final 1000 episodes, DONE
+
+    if __name__ == "__main__":
+        cli(Args, main)
+
+Modules: `args` (the shared flags and env construction), `checks` (argument checks), `checkpoint`
+(atomic save, validated load), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals).
+Dependencies go one way: algos -> runtime -> {envs, buffers}.
+"""
+
+from runtime.args import MultiAgentArgs, RunArgs, cli, env_kwargs, env_signature, make_env, setup
+from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint
+from runtime.checks import ArgumentError, check_args, check_groups
+from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
+from runtime.run import Run, RunStopped
+
+__all__ = [
+    "FINAL_EPISODES",
+    "FINAL_SEED",
+    "ArgumentError",
+    "CheckpointError",
+    "MultiAgentArgs",
+    "Run",
+    "RunArgs",
+    "RunStopped",
+    "check_args",
+    "check_groups",
+    "cli",
+    "env_kwargs",
+    "env_signature",
+    "evaluate",
+    "evaluate_checkpoint",
+    "load_checkpoint",
+    "make_env",
+    "periodic_seed",
+    "restore",
+    "save_checkpoint",
+    "setup",
+]

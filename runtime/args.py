@@ -1,0 +1,195 @@
+"""The flags every script shares, the CLI shell around `main(args)`, seeding, and env construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import sys
+from dataclasses import dataclass
+from typing import Annotated
+
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+
+import envs
+from runtime.checkpoint import CheckpointError, read_checkpoint
+
+
+@dataclass
+class RunArgs:
+    """Flags of every script: the env, the budget, the device, logging, checkpoints and evaluation."""
+
+    env_id: Annotated[str, tyro.conf.arg(aliases=("--env",))] = "simple_spread_v3"
+    """environment id (see envs.known_ids(), or a Gymnasium id for the single-agent scripts); --env is an alias"""
+    seed: int = 1
+    """seed of numpy, torch and the envs (env i of the training envs: seed + i)"""
+    total_timesteps: int = 10_000_000
+    """env steps, summed over all envs"""
+    num_envs: int = 128
+    """parallel training envs"""
+    cuda: bool = False
+    """train on CUDA (an error if no device is available)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic"""
+    torch_threads: int = 1
+    """torch CPU threads (0: torch's default); 1 is fastest for small networks beside the envs"""
+    track: bool = False
+    """log to Weights & Biases (TensorBoard is always written)"""
+    wandb_project_name: str = "flashmarl"
+    """Weights & Biases project (with --track)"""
+    wandb_entity: str | None = None
+    """Weights & Biases team or user (with --track)"""
+    capture_video: bool = False
+    """record a greedy episode at each evaluation (or with --eval-checkpoint): mp4 in the run dir and TensorBoard"""
+    save_model: bool = True
+    """write best.pt at each best evaluation (last.pt is always written: at the start, at every evaluation, every
+    --checkpoint-minutes, on Ctrl-C/SIGTERM and at the end)"""
+    checkpoint_minutes: float = 5.0
+    """wall-clock minutes between two writes of last.pt (a kill -9 loses at most this much training)"""
+    eval_interval: int = 100_000
+    """env steps between greedy evaluations on fresh episodes (0: only at the end)"""
+    eval_episodes: int = 10
+    """episodes per periodic evaluation (and per --eval-checkpoint)"""
+    final_eval_episodes: int = 1000
+    """episodes of the final policy's evaluation on the fixed episode set shared by every algorithm and seed
+    (env i seeded 10000 + i; written to final_eval.json; 0: skip)"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint greedily on the fixed episode set and exit"""
+    resume: str | None = None
+    """continue the run in this run directory from its last.pt, with its flags (flags given here override them)"""
+    run_dir: str | None = None
+    """where to write (default runs/<env>__<algo>__<seed>__<time>); refused if it already holds a run"""
+
+
+@dataclass
+class MultiAgentArgs(RunArgs):
+    """RunArgs plus the flags of our multi-agent envs (envs.make)."""
+
+    backend: str = "auto"
+    """env backend: 'numba' (compiled MPE), 'pettingzoo', or 'auto' (numba for MPE ids)"""
+    vector: str = "sync"
+    """PettingZoo vectorization: 'sync' or 'subproc' (worker processes)"""
+    continuous_actions: bool = False
+    """continuous (Box) actions, for MPE envs"""
+    max_cycles: int | None = None
+    """episode length limit passed to the env (default: the env's own)"""
+    map_size: int | None = None
+    """MAgent2 map size (default: the env's own)"""
+    env_kwargs: str = "{}"
+    """further env keyword arguments as a JSON object, e.g. '{"N": 5}'"""
+    random_groups: tuple[str, ...] = ()
+    """groups frozen to a uniformly random policy, e.g. adversary"""
+
+
+def resume_defaults(args_class, argv):
+    """With --resume DIR on the command line: the flags DIR/last.pt was trained with, as defaults that the command
+    line overrides (so `--resume DIR` alone continues the same run, budget included). None without --resume."""
+    run_dir = None
+    for i, a in enumerate(argv):
+        if a == "--resume" and i + 1 < len(argv):
+            run_dir = argv[i + 1]
+        elif a.startswith("--resume="):
+            run_dir = a.split("=", 1)[1]
+    if run_dir is None:
+        return None
+    path = os.path.join(run_dir, "last.pt")
+    if not os.path.isdir(run_dir):
+        raise CheckpointError(f"--resume {run_dir}: no such run directory")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"--resume {run_dir}: it holds no last.pt to continue from (start a new run instead)")
+    saved = read_checkpoint(path).get("args")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {path} is malformed: its 'args' entry is missing")
+    fields = {f.name: f for f in dataclasses.fields(args_class) if f.init}
+    kwargs = {}
+    for name, value in saved.items():
+        if name in fields:
+            kwargs[name] = tuple(value) if isinstance(value, list) else value
+    kwargs.update(run_dir=None, eval_checkpoint=None)  # the run continues where it is now
+    return args_class(**kwargs)
+
+
+def cli(args_class, main):
+    """Parse the flags and run `main(args)`; every expected failure ends in one `error:` line (exit 2), a stop
+    request in one line (exit 130), never a traceback."""
+    from runtime.run import RunStopped  # run imports this module
+
+    try:
+        defaults = resume_defaults(args_class, sys.argv[1:])
+        args = tyro.cli(args_class, default=defaults) if defaults is not None else tyro.cli(args_class)
+        main(args)
+    except RunStopped as e:
+        print(e)
+        sys.exit(130)
+    except KeyboardInterrupt:  # before a Run took over the signals: nothing was written yet
+        print("interrupted: stopped before a run directory held anything to continue from")
+        sys.exit(130)
+    except (ValueError, ImportError, FloatingPointError, OSError, envs.EnvWorkerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def setup(args):
+    """Threads, seeds and device, in the order every script uses: returns (device, numpy Generator)."""
+    if args.cuda and not torch.cuda.is_available():
+        raise ValueError("--cuda was given but no CUDA device is available: drop --cuda to train on the CPU")
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if args.cuda else "cpu"), np.random.default_rng(args.seed)
+
+
+def env_kwargs(args) -> dict:
+    """--env-kwargs (JSON) merged with the env flags that were given."""
+    try:
+        kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--env-kwargs is not valid JSON ({e}); use e.g. '{{\"N\": 5}}'") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--env-kwargs must be a JSON object such as '{{\"N\": 5}}', not {args.env_kwargs!r}")
+    flags = dict(continuous_actions=args.continuous_actions or None, max_cycles=args.max_cycles, map_size=args.map_size)
+    return kwargs | {k: v for k, v in flags.items() if v is not None}
+
+
+def make_env(args, num_envs, seed, backend=None, vector=None):
+    """envs.make with the script's env flags (`backend`/`vector` default to --backend/--vector)."""
+    try:
+        return envs.make(args.env_id, num_envs, seed, vector=vector or args.vector, backend=backend or args.backend,
+                         **env_kwargs(args))  # fmt: skip
+    except envs.EnvArgumentError as e:  # the usual case: an env without a continuous_actions argument
+        if not (args.continuous_actions and "continuous_actions" in str(e)):
+            raise
+        raise ValueError(f"{args.env_id} has no continuous actions ({e}); use --no-continuous-actions") from None
+
+
+def make_gym_env(args, num_envs, seed, **kwargs):
+    """envs.make_gym, with Gymnasium's registry errors turned into one clear message."""
+    try:
+        return envs.make_gym(args.env_id, num_envs, seed, **kwargs)
+    except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, gym.error.NameNotFound) as e:
+        raise ValueError(
+            f"unknown env id {args.env_id!r}: {e} (any registered Gymnasium id, e.g. CartPole-v1)"
+        ) from None
+    except gym.error.DependencyNotInstalled as e:
+        raise ImportError(f"{args.env_id} needs an extra package: {e}") from None
+
+
+def env_signature(env) -> dict:
+    """What a checkpoint must match: groups, agent counts, observation, action and state spaces."""
+    if isinstance(env, gym.vector.VectorEnv):
+        space = env.single_action_space
+        if isinstance(space, gym.spaces.Discrete):
+            action = ["discrete", int(space.n)]
+        elif isinstance(space, gym.spaces.Box):
+            action = ["box", list(space.shape), space.low.tolist(), space.high.tolist()]
+        else:
+            raise ValueError(f"supported action spaces are Discrete and Box, but this env has {space}")
+        return {"obs_shape": list(env.single_observation_space.shape), "action_space": action}
+    sig = {g: [s.n_agents, list(s.obs_shape), s.discrete, s.action_dim] for g, s in env.groups.items()}
+    return sig | {"state_shape": list(env.state_shape)}

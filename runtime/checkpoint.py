@@ -1,0 +1,147 @@
+"""Checkpoints: one contract for every script.
+
+A checkpoint is a dict that `torch.load(..., weights_only=True)` accepts:
+
+    algo, env_id, signature   what it was trained on (the env's groups and spaces: `env_signature`)
+    args                      every flag, as JSON types
+    global_step, evals, best_eval, counters   where the run stands (counters: the script's own, e.g. iteration)
+    nets, optimizers          name -> state_dict
+    rng                       {"torch": ByteTensor, "numpy": bit-generator state}
+
+Writes are atomic and durable (temporary file, fsync, rename, fsync of the directory), refuse non-finite weights,
+and hold off SIGINT/SIGTERM until the file is in place, so a second Ctrl-C cannot cut a write short. Loads check the
+algorithm, env, signature and the network-shaping flags, and name whatever differs, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import torch
+
+REQUIRED = ("algo", "env_id", "signature", "args", "global_step", "evals", "best_eval", "counters", "nets",
+            "optimizers", "rng")  # fmt: skip
+SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used as asked; the message names the file and what is wrong."""
+
+
+def tensors(tree):
+    """Every tensor inside nested dicts/lists (state dicts, optimizer states)."""
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from tensors(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from tensors(v)
+
+
+def non_finite(nets: dict) -> list[str]:
+    """Names of the state-dict entries of `nets` (name -> state_dict) that hold NaN or inf."""
+    return [f"{name}.{k}" for name, sd in nets.items() for k, v in sd.items()
+            if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]  # fmt: skip
+
+
+def save_checkpoint(path: str, ckpt: dict) -> None:
+    """Write `ckpt` to `path` atomically and durably; the previous file stays intact if anything fails."""
+    if bad := non_finite(ckpt["nets"]):
+        raise FloatingPointError(f"not writing {path}: the weights {bad[:3]} are not finite")
+    tmp = f"{path}.tmp"
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # a signal now waits until the file is in place
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself survives a power cut
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise OSError(f"could not write {path} ({e.strerror or e}); the previous {os.path.basename(path)}, if any, "
+                      f"is intact: free space or pick another --run-dir, then --resume") from None  # fmt: skip
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def read_checkpoint(path: str) -> dict:
+    """torch.load(weights_only=True) with every failure turned into one CheckpointError line."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a damaged or foreign file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is unreadable (corrupt or not a torch file): {first}") from None
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of these scripts (a {type(ckpt).__name__})")
+    return ckpt
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def load_checkpoint(path: str, algo: str, args, signature: dict, network_flags=(), same_flags=()) -> dict:
+    """Read and validate a checkpoint of `algo` for this env and these flags.
+
+    `network_flags` shape the networks, `same_flags` shape the run (e.g. --num-envs on --resume): each that differs
+    between the checkpoint and `args` is named in the error.
+    """
+    ckpt = read_checkpoint(path)
+    if ckpt.get("algo") != algo:
+        raise CheckpointError(f"checkpoint {path} is not a {algo} checkpoint (algo: {ckpt.get('algo')!r})")
+    if missing := [k for k in REQUIRED if k not in ckpt]:
+        raise CheckpointError(f"checkpoint {path} is malformed: it lacks {missing} (damaged, or written by an "
+                              f"older version of {algo}.py)")  # fmt: skip
+    if not isinstance(ckpt["args"], dict) or not isinstance(ckpt["nets"], dict):
+        raise CheckpointError(f"checkpoint {path} is malformed: 'args' and 'nets' must be dicts")
+    if ckpt["env_id"] != args.env_id or ckpt["signature"] != signature:
+        raise CheckpointError(
+            f"checkpoint {path} was trained on {ckpt['env_id']} with spaces {ckpt['signature']}, which do not match "
+            f"{args.env_id} with {signature}: pass the same --env-id and env flags"
+        )
+    differ = [f"{flag(k)} {ckpt['args'].get(k)!r} (checkpoint) vs {getattr(args, k)!r} (now)"
+              for k in (*network_flags, *same_flags)
+              if k in ckpt["args"] and _jsonable(getattr(args, k)) != ckpt["args"][k]]  # fmt: skip
+    if differ:
+        raise CheckpointError(f"checkpoint {path} was made with other flags: {'; '.join(differ)}: pass the "
+                              f"checkpoint's values")  # fmt: skip
+    if bad := non_finite(ckpt["nets"]):
+        raise CheckpointError(f"checkpoint {path} holds non-finite weights ({', '.join(bad[:3])}): use an earlier "
+                              f"checkpoint (best.pt) or retrain")  # fmt: skip
+    return ckpt
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def restore(ckpt: dict, path: str, nets: dict, optimizers: dict | None = None, rng=None) -> None:
+    """Load the state dicts of `nets` (name -> module), and of `optimizers` and `rng` when given."""
+    try:
+        for name, module in nets.items():
+            module.load_state_dict(ckpt["nets"][name])
+        for name, opt in (optimizers or {}).items():
+            opt.load_state_dict(ckpt["optimizers"][name])
+        if rng is not None:
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            rng.bit_generator.state = ckpt["rng"]["numpy"]
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:  # another layout, or a tampered entry
+        detail = " ".join(str(e).split())[:200]
+        raise CheckpointError(f"checkpoint {path} holds other networks or states than this script builds "
+                              f"({type(e).__name__}: {detail})") from None  # fmt: skip
+
+
+def rng_state(rng: np.random.Generator) -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}

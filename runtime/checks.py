@@ -1,0 +1,81 @@
+"""Every flag checked at the start, before any work, in one place: one error line that names the flag."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from runtime.checkpoint import flag
+
+# flags that exist in several scripts, by what they must be (a script checks the ones it has)
+POSITIVE_INT = ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "eval_episodes",
+                "batch_size", "buffer_size", "train_frequency", "gradient_steps", "hidden_size", "rnn_chunk",
+                "log_interval", "target_network_frequency", "policy_frequency", "n_step", "seq_len")  # fmt: skip
+NON_NEGATIVE_INT = ("seed", "eval_interval", "final_eval_episodes", "learning_starts", "torch_threads", "burn_in")
+POSITIVE = ("learning_rate", "actor_lr", "critic_lr", "q_lr", "max_grad_norm", "checkpoint_minutes", "clip_coef")
+NON_NEGATIVE = ("ent_coef", "vf_coef", "huber_delta", "exploration_noise", "policy_noise", "noise_clip",
+                "actor_reg", "target_policy_noise", "target_noise_clip")  # fmt: skip
+UNIT = ("gamma", "gae_lambda", "tau", "prioritized_replay_alpha", "prioritized_replay_beta", "start_e", "end_e",
+        "exploration_fraction", "td_lambda")  # fmt: skip
+
+
+class ArgumentError(ValueError):
+    """A flag with a value the script cannot run with."""
+
+
+def check_args(args, *rules) -> None:
+    """Check the shared rules for every flag `args` has, then `rules`: (condition that must hold, message) pairs."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    for name, v in values.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ArgumentError(f"{flag(name)} {v} is not a finite number")
+    for names, ok, what in (
+        (POSITIVE_INT, lambda v: v >= 1, "must be a positive integer"),
+        (NON_NEGATIVE_INT, lambda v: v >= 0, "must be >= 0"),
+        (POSITIVE, lambda v: v > 0, "must be > 0"),
+        (NON_NEGATIVE, lambda v: v >= 0, "must be >= 0"),
+        (UNIT, lambda v: 0 <= v <= 1, "must lie in [0, 1]"),
+    ):
+        for name in names:
+            if values.get(name) is not None and not ok(values[name]):
+                raise ArgumentError(f"{flag(name)} {values[name]} {what}")
+    if "env_kwargs" in values:
+        try:
+            kwargs = json.loads(values["env_kwargs"])
+        except json.JSONDecodeError as e:
+            raise ArgumentError(f"--env-kwargs is not valid JSON ({e}); use e.g. '{{\"N\": 5}}'") from None
+        if not isinstance(kwargs, dict):
+            raise ArgumentError(
+                f"--env-kwargs must be a JSON object such as '{{\"N\": 5}}', not {values['env_kwargs']}"
+            )
+    for name, choices in (("backend", ("auto", "numba", "pettingzoo")), ("vector", ("sync", "subproc"))):
+        if name in values and values[name] not in choices:
+            raise ArgumentError(f"{flag(name)} {values[name]!r} is not one of {list(choices)}")
+    if values.get("batch_size") and values.get("buffer_size") and values["batch_size"] > values["buffer_size"]:
+        raise ArgumentError(f"--batch-size {values['batch_size']} exceeds --buffer-size {values['buffer_size']}: "
+                            f"a batch is drawn from the buffer")  # fmt: skip
+    if values.get("eval_checkpoint") and not os.path.isfile(values["eval_checkpoint"]):
+        raise ArgumentError(f"--eval-checkpoint {values['eval_checkpoint']}: checkpoint does not exist")
+    if values.get("eval_checkpoint") and values.get("resume"):
+        raise ArgumentError("--eval-checkpoint and --resume exclude each other: evaluate, or continue training")
+    if (
+        values.get("resume")
+        and values.get("run_dir")
+        and os.path.abspath(values["run_dir"]) != os.path.abspath(values["resume"])
+    ):
+        raise ArgumentError("--resume continues in its own directory: drop --run-dir")
+    for ok, message in rules:
+        if not ok:
+            raise ArgumentError(message)
+
+
+def check_groups(args, env) -> list[str]:
+    """--random-groups against the env's groups; returns the learning groups."""
+    if unknown := [g for g in args.random_groups if g not in env.groups]:
+        raise ArgumentError(f"--random-groups {unknown}: {args.env_id} has the groups {list(env.groups)}")
+    learners = [g for g in env.groups if g not in args.random_groups]
+    if not learners:
+        raise ArgumentError(f"--random-groups freezes every group of {args.env_id}: nothing would learn")
+    return learners

@@ -1,0 +1,258 @@
+"""`Run`: the run directory and everything written into it while a script trains.
+
+* The directory is locked (`fcntl.flock` on `.lock`) while a run holds it: a second run into it is refused, and so
+  is a new run into a directory that already holds one (continue that with --resume).
+* `last.pt` is written at the start, at every evaluation, every --checkpoint-minutes, on a stop request and at the
+  end, so a `kill -9` loses at most one interval. Writes are atomic (runtime.checkpoint).
+* Ctrl-C and SIGTERM do not raise inside the script: they set a flag, and the next `run.step(...)` (a point where
+  the script's state is consistent, e.g. between two updates) writes last.pt and stops with exit code 130. Further
+  signals during the save wait for it (they are blocked while the file is written).
+* A non-finite loss stops the run (the script raises FloatingPointError) without writing: last.pt keeps the last
+  sound state, from which `--resume <dir> --learning-rate <lower>` goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+import time
+
+import numpy as np
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from runtime.args import env_signature, make_env
+from runtime.checkpoint import flag, load_checkpoint, restore, rng_state, save_checkpoint
+from runtime.evaluation import FINAL_SEED, add_video, evaluate, periodic_seed, record
+
+
+class RunStopped(Exception):
+    """A stop request (Ctrl-C, SIGTERM) was honoured after last.pt was written; the message says how to go on."""
+
+
+def lock(run_dir: str):
+    """An exclusive lock on `run_dir` for this process's lifetime (released by the OS even after kill -9)."""
+    fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"{run_dir} is in use by another run (pid {holder}): wait for it, or pick another "
+                         f"--run-dir") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+class Run:
+    """The run around a script's training loop; see the module docstring.
+
+    Args:
+        args: the script's Args (RunArgs fields and the algorithm's own).
+        algo: the script's name, e.g. "mappo" (checkpoints of another algorithm are refused).
+        env: the training env (its signature is checked against a resumed checkpoint).
+        nets, optimizers: name -> module / optimizer: what a checkpoint holds and --resume restores.
+        rng: the script's numpy Generator (saved and restored with torch's RNG).
+        make_greedy: `(num_envs, rng) -> greedy(obs, done) -> actions`, for the evaluations.
+        network_flags: flags that shape the networks; a resumed checkpoint must have the same.
+        same_flags: flags that shape the run (e.g. num_steps); --num-envs is always one.
+        make_eval_env: `(num_envs, seed) -> env` (default: the standard PettingZoo env with the script's flags).
+        on_stop: called after last.pt is written on a stop request and at the end (e.g. to save a replay buffer).
+    """
+
+    def __init__(self, args, algo, env, nets, optimizers, rng, make_greedy, network_flags=(), same_flags=(),
+                 make_eval_env=None, on_stop=None):  # fmt: skip
+        self.args, self.algo, self.nets, self.optimizers, self.rng = args, algo, nets, optimizers, rng
+        self.make_greedy, self.on_stop = make_greedy, on_stop
+        self.make_eval_env = make_eval_env or (lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync"))
+        self.signature = env_signature(env)
+        self.global_step, self.evals, self.best_eval, self.counters = 0, 0, -np.inf, {}
+        self.last_eval, self.last_eval_step, self.stop_signal = float("nan"), -1, None
+        if args.resume:
+            self.dir = args.resume
+            self.lock = lock(self.dir)
+            path = os.path.join(self.dir, "last.pt")
+            ckpt = load_checkpoint(path, algo, args, self.signature, network_flags, ("num_envs", *same_flags))
+            restore(ckpt, path, nets, optimizers, rng)
+            if os.path.exists(os.path.join(self.dir, "DONE")):
+                os.remove(os.path.join(self.dir, "DONE"))  # it trains again, e.g. to a larger --total-timesteps
+            self.global_step, self.evals, self.best_eval = ckpt["global_step"], ckpt["evals"], ckpt["best_eval"]
+            self.counters = dict(ckpt["counters"])
+            changed = {k: v for k, v in self.config().items() if ckpt["args"].get(k) != v and k != "resume"}
+            with open(os.path.join(self.dir, "resumes.jsonl"), "a") as f:  # config.json stays the first run's
+                f.write(json.dumps({"time": time.time(), "global_step": self.global_step, "changed": changed}) + "\n")
+            if changed:
+                print("resumed with other flags: " + ", ".join(f"{flag(k)} {v}" for k, v in changed.items()))
+        else:
+            self.dir = args.run_dir or f"runs/{args.env_id}__{algo}__{args.seed}__{int(time.time())}"
+            os.makedirs(self.dir, exist_ok=True)
+            self.lock = lock(self.dir)
+            if taken := [n for n in ("last.pt", "best.pt", "config.json") if os.path.exists(os.path.join(self.dir, n))]:
+                os.close(self.lock)
+                raise ValueError(f"{self.dir} already holds a run ({', '.join(taken)}): continue it with --resume "
+                                 f"{self.dir}, or pick another --run-dir")  # fmt: skip
+            with open(os.path.join(self.dir, "config.json"), "w") as f:
+                json.dump(self.config() | {"env_class": type(env).__name__}, f, indent=2)
+        if args.track:
+            import wandb
+
+            name = os.path.basename(os.path.normpath(self.dir))
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=self.config(), name=name,
+                       sync_tensorboard=True, resume="allow")  # fmt: skip
+        self.writer = SummaryWriter(self.dir)
+        every = args.eval_interval
+        self.next_eval = (self.global_step // every + 1) * every if every else None
+        self.bar = tqdm(total=args.total_timesteps, initial=self.global_step, unit="step", dynamic_ncols=True)
+        self.start_time, self.start_step = time.time(), self.global_step
+        self.saved_at = time.time()
+
+        def request_stop(signum, frame):  # honoured at the next run.step(), where the script's state is consistent
+            self.stop_signal = signum
+
+        self.previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        if not args.resume:
+            self.save("last.pt")  # a run is never without a checkpoint, and a NaN stop can go back to this one
+
+    def config(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self.args)))
+
+    # --- the loop's side ---
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if isinstance(error, FloatingPointError):  # nothing is written: last.pt holds the last sound state
+            self.close()
+            where = f"{self.dir}/last.pt holds step {self.saved_step}, the last checkpoint before it"
+            raise FloatingPointError(f"{error}; {where}: continue with --resume {self.dir} --learning-rate <lower>")
+        if error is not None and not isinstance(error, RunStopped):
+            self.close()
+        return False
+
+    def step(self, global_step: int, **counters) -> None:
+        """After each iteration (or env step) of the loop: progress, evaluation, periodic last.pt, stop requests.
+
+        `counters` are the script's own counters (e.g. iteration=...), saved in checkpoints and restored by
+        --resume into `run.counters`.
+        """
+        self.global_step, self.counters = global_step, counters
+        self.bar.update(global_step - self.bar.n)
+        if self.next_eval is not None and global_step >= self.next_eval:
+            self.next_eval += self.args.eval_interval
+            self.evaluate()
+            self.save("last.pt")
+        elif time.time() - self.saved_at >= 60 * self.args.checkpoint_minutes:
+            self.save("last.pt")
+        if self.stop_signal is not None:
+            self.stop()
+
+    def sps(self) -> int:
+        """Env steps per second since this process started training."""
+        return int((self.global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
+
+    def log_episodes(self, episodes, global_step: int) -> None:
+        """charts/episodic_return (mean over the episodes that just ended), per group, and the length."""
+        if not episodes:
+            return
+        self.writer.add_scalar("charts/episodic_return", np.mean([e.episode_return for e in episodes]), global_step)
+        self.writer.add_scalar("charts/episodic_length", np.mean([e.length for e in episodes]), global_step)
+        for g in episodes[0].group_returns:
+            r = np.mean([e.group_returns[g] for e in episodes])
+            self.writer.add_scalar(f"charts/episodic_return/{g}", r, global_step)
+
+    # --- checkpoints and evaluation ---
+    def save(self, name: str) -> None:
+        ckpt = dict(algo=self.algo, env_id=self.args.env_id, signature=self.signature, args=self.config(),
+                    global_step=self.global_step, evals=self.evals, best_eval=float(self.best_eval),
+                    counters=self.counters, nets={k: m.state_dict() for k, m in self.nets.items()},
+                    optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
+                    rng=rng_state(self.rng))  # fmt: skip
+        save_checkpoint(os.path.join(self.dir, name), ckpt)
+        if name == "last.pt":
+            self.saved_at, self.saved_step = time.time(), self.global_step
+
+    saved_step = 0
+
+    def check_stop(self) -> None:
+        if self.stop_signal is not None:
+            self.stop()
+
+    def stop(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here on the run ends: a second Ctrl-C changes nothing
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.bar.close()
+        self.save("last.pt")
+        if self.on_stop is not None:
+            self.on_stop()
+        self.close()
+        raise RunStopped(f"stopped at step {self.global_step} ({signal.Signals(self.stop_signal).name}): saved "
+                         f"{self.dir}/last.pt; continue with --resume {self.dir}")  # fmt: skip
+
+    def evaluate(self) -> float:
+        """A periodic greedy evaluation on fresh episodes; keeps best.pt and an optional video."""
+        args, step = self.args, self.global_step
+        seed = periodic_seed(args.seed, self.evals, args.eval_episodes)
+        returns, groups = evaluate(self.make_eval_env, self.make_greedy, args.eval_episodes, seed)
+        self.evals += 1
+        self.writer.add_scalar("eval/episodic_return", returns.mean(), step)
+        for g, r in groups.items():
+            self.writer.add_scalar(f"eval/episodic_return/{g}", r.mean(), step)
+        if args.capture_video:
+            self.video(os.path.join(self.dir, "videos", f"step_{step}.mp4"), seed, step)
+        self.last_eval, self.last_eval_step = float(returns.mean()), step
+        if self.last_eval > self.best_eval:
+            self.best_eval = self.last_eval
+            if args.save_model:
+                self.save("best.pt")
+        self.bar.set_postfix(SPS=self.sps(), eval=f"{self.last_eval:.2f}")
+        return self.last_eval
+
+    def video(self, path, seed, step):
+        frames = record(self.args, self.make_eval_env, self.make_greedy, path, seed)
+        if frames is not None:
+            add_video(self.writer, "eval/video", frames, step)
+        if self.args.track:
+            import wandb
+
+            wandb.log({"eval/video": wandb.Video(path, format="mp4")}, step=step)
+
+    def finish(self) -> None:
+        """The end of training: a last evaluation, last.pt, the final policy on the fixed episode set, DONE."""
+        args = self.args
+        if self.last_eval_step != self.global_step:
+            self.evaluate()
+        self.save("last.pt")
+        if self.on_stop is not None:
+            self.on_stop()
+        self.bar.close()
+        final = ""
+        if args.final_eval_episodes:
+            returns, groups = evaluate(self.make_eval_env, self.make_greedy, args.final_eval_episodes, FINAL_SEED,
+                                       stop=self.check_stop)  # fmt: skip
+            result = dict(protocol="v2", episodes=len(returns), seed=FINAL_SEED, global_step=self.global_step,
+                          mean=float(returns.mean()), std=float(returns.std()), returns=returns.round(4).tolist(),
+                          per_group={g: float(r.mean()) for g, r in groups.items()})  # fmt: skip
+            tmp = os.path.join(self.dir, "final_eval.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, os.path.join(self.dir, "final_eval.json"))
+            self.writer.add_scalar("eval/final_return", result["mean"], self.global_step)
+            final = f"; final policy {result['mean']:.2f} ± {result['std']:.2f} on {len(returns)} fixed episodes"
+        self.close()
+        open(os.path.join(self.dir, "DONE"), "w").close()
+        print(f"done: {self.global_step} steps, final greedy return {self.last_eval:.2f} (best {self.best_eval:.2f})"
+              f"{final}; run dir {self.dir}")  # fmt: skip
+
+    def close(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.bar.close()
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
