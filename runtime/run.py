@@ -61,7 +61,7 @@ class Run:
         network_flags: flags that shape the networks; a resumed checkpoint must have the same.
         same_flags: flags that shape the run (e.g. num_steps); --num-envs is always one.
         make_eval_env: `(num_envs, seed) -> env` (default: the standard PettingZoo env with the script's flags).
-        on_stop: called after last.pt is written on a stop request and at the end (e.g. to save a replay buffer).
+        on_stop: called after last.pt is written on a stop request (e.g. to save the replay buffer).
     """
 
     def __init__(self, args, algo, env, nets, optimizers, rng, make_greedy, network_flags=(), same_flags=(),
@@ -226,8 +226,6 @@ class Run:
         if self.last_eval_step != self.global_step:
             self.evaluate()
         self.save("last.pt")
-        if self.on_stop is not None:
-            self.on_stop()
         self.bar.close()
         final = ""
         if args.final_eval_episodes:
