@@ -15,8 +15,10 @@ algorithm, env, signature and the network-shaping flags, and name whatever diffe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 
 import numpy as np
 import torch
@@ -48,12 +50,33 @@ def non_finite(nets: dict) -> list[str]:
             if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]  # fmt: skip
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGINT/SIGTERM that arrive inside the block are recorded and re-raised after it, so nothing cuts it short."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+        yield
+        return
+    pending = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in pending:
+            signal.raise_signal(signum)
+
+
 def save_checkpoint(path: str, ckpt: dict) -> None:
     """Write `ckpt` to `path` atomically and durably; the previous file stays intact if anything fails."""
     if bad := non_finite(ckpt["nets"]):
         raise FloatingPointError(f"not writing {path}: the weights {bad[:3]} are not finite")
     tmp = f"{path}.tmp"
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # a signal now waits until the file is in place
+    with signals_deferred():  # a Ctrl-C now waits until the file is in place
+        write(path, tmp, ckpt)
+
+
+def write(path: str, tmp: str, ckpt: dict) -> None:
     try:
         with open(tmp, "wb") as f:
             torch.save(ckpt, f)
@@ -70,8 +93,6 @@ def save_checkpoint(path: str, ckpt: dict) -> None:
             os.remove(tmp)
         raise OSError(f"could not write {path} ({e.strerror or e}); the previous {os.path.basename(path)}, if any, "
                       f"is intact: free space or pick another --run-dir, then --resume") from None  # fmt: skip
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def read_checkpoint(path: str) -> dict:

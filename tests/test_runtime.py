@@ -1,0 +1,283 @@
+"""The run-time layer (runtime/), tested once for every script: checkpoints, run dirs, stops, checks, evaluation.
+
+End-to-end cases drive algos/mappo.py (the layer's first user) as a subprocess with tiny budgets; the rest call the
+layer directly.
+"""
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from runtime import ArgumentError, CheckpointError, check_args, load_checkpoint, periodic_seed, save_checkpoint
+from runtime.args import MultiAgentArgs, make_env
+from runtime.evaluation import FINAL_SEED, evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--backend", "pettingzoo", "--num-envs", "2", "--num-steps", "25", "--eval-episodes", "2",
+        "--update-epochs", "1", "--final-eval-episodes", "4"]  # fmt: skip
+
+
+def mappo(*flags, check=True, timeout=240):
+    cmd = [sys.executable, str(ROOT / "algos" / "mappo.py"), *TINY, *map(str, flags)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def start(*flags):
+    cmd = [sys.executable, str(ROOT / "algos" / "mappo.py"), *TINY, *map(str, flags)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, timeout=120):
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.2)
+
+
+def error_line(proc):
+    """The one line a failure prints: exit 2, no traceback."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.strip().splitlines() if x.startswith("error:")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    return lines[0]
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------------
+def checkpoint(**overrides):
+    net = torch.nn.Linear(3, 2)
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.default_rng(0).bit_generator.state}
+    ckpt = dict(algo="mappo", env_id="simple_spread_v3", signature={"agent": [3, [18], True, 5]},
+                args={"hidden_size": 64}, global_step=10, evals=1, best_eval=-1.0, counters={"iteration": 1},
+                nets={"net": net.state_dict()}, optimizers={}, rng=rng)  # fmt: skip
+    return ckpt | overrides
+
+
+ARGS = MultiAgentArgs(env_id="simple_spread_v3")
+ARGS.hidden_size = 64
+
+
+def test_checkpoint_round_trip_is_atomic_and_loads_with_weights_only(tmp_path):
+    path = str(tmp_path / "last.pt")
+    save_checkpoint(path, checkpoint())
+    assert os.listdir(tmp_path) == ["last.pt"]  # no temporary file left
+    ckpt = load_checkpoint(path, "mappo", ARGS, {"agent": [3, [18], True, 5]}, ("hidden_size",))
+    assert ckpt["global_step"] == 10 and set(ckpt["nets"]["net"]) == {"weight", "bias"}
+
+
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (lambda p: Path(p).write_bytes(b"not a checkpoint"), "is unreadable"),
+        (lambda p: torch.save([1, 2], p), "not a checkpoint of these scripts"),
+        (lambda p: torch.save(checkpoint(algo="maddpg"), p), "is not a mappo checkpoint"),
+        (lambda p: torch.save({k: v for k, v in checkpoint().items() if k != "nets"}, p), r"lacks \['nets'\]"),
+        (lambda p: torch.save(checkpoint(env_id="simple_tag_v3"), p), "was trained on simple_tag_v3"),
+        (lambda p: torch.save(checkpoint(args={"hidden_size": 32}), p), "--hidden-size 32 .checkpoint. vs 64"),
+        (lambda p: torch.save(checkpoint(nets={"net": {"weight": torch.tensor([np.nan])}}), p), "non-finite weights"),
+        (lambda p: Path(p).unlink(), "does not exist"),
+    ],
+)
+def test_a_tampered_foreign_or_nan_checkpoint_gives_one_clear_error(tmp_path, tamper, message):
+    path = str(tmp_path / "last.pt")
+    save_checkpoint(path, checkpoint())
+    tamper(path)
+    with pytest.raises(CheckpointError, match=message) as e:
+        load_checkpoint(path, "mappo", ARGS, {"agent": [3, [18], True, 5]}, ("hidden_size",))
+    assert "\n" not in str(e.value)
+
+
+def test_non_finite_weights_are_never_written(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint(str(path), checkpoint())
+    before = path.read_bytes()
+    with pytest.raises(FloatingPointError, match="not finite"):
+        save_checkpoint(str(path), checkpoint(nets={"net": {"weight": torch.tensor([np.inf])}}))
+    assert path.read_bytes() == before
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint(str(path), checkpoint())
+    before = path.read_bytes()
+    with mock.patch("torch.save", side_effect=OSError(errno.ENOSPC, "No space left on device")):
+        with pytest.raises(OSError, match=r"could not write .*\(No space left on device\).* is intact"):
+            save_checkpoint(str(path), checkpoint(global_step=20))
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_a_signal_during_a_save_waits_until_the_file_is_in_place(tmp_path):
+    path, seen = tmp_path / "last.pt", []
+    real_save = torch.save
+
+    def save_and_signal(obj, f):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives mid-write
+        real_save(obj, f)
+
+    previous = signal.signal(signal.SIGINT, lambda *_: seen.append(path.exists()))
+    try:
+        with mock.patch("torch.save", save_and_signal):
+            save_checkpoint(str(path), checkpoint())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == [True]  # delivered once, after the rename
+    assert weights(path)["global_step"] == 10
+
+
+# --- argument checks ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Flags(MultiAgentArgs):
+    num_steps: int = 25
+    learning_rate: float = 1e-3
+    gamma: float = 0.99
+    batch_size: int = 32
+    buffer_size: int = 100
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"total_timesteps": 0}, "--total-timesteps 0 must be a positive integer"),
+        ({"total_timesteps": -5}, "--total-timesteps -5 must be a positive integer"),
+        ({"num_envs": 0}, "--num-envs 0 must be a positive integer"),
+        ({"num_steps": 0}, "--num-steps 0 must be a positive integer"),
+        ({"eval_episodes": 0}, "--eval-episodes 0 must be a positive integer"),
+        ({"eval_interval": -1}, "--eval-interval -1 must be >= 0"),
+        ({"final_eval_episodes": -1}, "--final-eval-episodes -1 must be >= 0"),
+        ({"seed": -1}, "--seed -1 must be >= 0"),
+        ({"learning_rate": 0.0}, "--learning-rate 0.0 must be > 0"),
+        ({"learning_rate": float("nan")}, "--learning-rate nan is not a finite number"),
+        ({"gamma": 1.5}, r"--gamma 1.5 must lie in \[0, 1\]"),
+        ({"checkpoint_minutes": 0.0}, "--checkpoint-minutes 0.0 must be > 0"),
+        ({"batch_size": 200}, "--batch-size 200 exceeds --buffer-size 100"),
+        ({"env_kwargs": "{bad"}, "--env-kwargs is not valid JSON"),
+        ({"env_kwargs": "[1, 2]"}, "--env-kwargs must be a JSON object"),
+        ({"backend": "jax"}, "--backend 'jax' is not one of"),
+        ({"vector": "threads"}, "--vector 'threads' is not one of"),
+        ({"eval_checkpoint": "/no/such.pt"}, "--eval-checkpoint /no/such.pt: checkpoint does not exist"),
+        ({"resume": "a", "run_dir": "b"}, "--resume continues in its own directory"),
+    ],
+)
+def test_every_bad_argument_is_refused_naming_the_flag(change, message):
+    with pytest.raises(ArgumentError, match=message):
+        check_args(dataclasses.replace(Flags(), **change))
+
+
+def test_script_rules_and_good_arguments():
+    check_args(Flags())  # the defaults pass
+    with pytest.raises(ArgumentError, match="my rule"):
+        check_args(Flags(), (True, "fine"), (False, "my rule"))
+
+
+def test_a_bad_argument_is_refused_before_any_work(tmp_path):
+    proc = mappo("--total-timesteps", 0, "--run-dir", tmp_path / "run", check=False)
+    assert error_line(proc) == "error: --total-timesteps 0 must be a positive integer"
+    assert not (tmp_path / "run").exists()
+
+
+# --- run directories ----------------------------------------------------------------------------------------------
+def test_a_locked_or_used_run_dir_is_refused(tmp_path):
+    proc = start("--total-timesteps", 10_000_000, "--run-dir", tmp_path)
+    try:
+        wait_for(lambda: (tmp_path / "last.pt").exists())
+        second = mappo("--total-timesteps", 100, "--run-dir", tmp_path, check=False)
+        assert f"{tmp_path} is in use by another run (pid {proc.pid})" in error_line(second)
+        resumed = mappo("--resume", tmp_path, check=False)
+        assert "in use by another run" in error_line(resumed)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    # the run is over, but its directory holds it: a new run there is refused, --resume is the way on
+    before = (tmp_path / "last.pt").read_bytes()
+    again = mappo("--total-timesteps", 100, "--run-dir", tmp_path, check=False)
+    assert "already holds a run" in error_line(again) and f"--resume {tmp_path}" in error_line(again)
+    assert (tmp_path / "last.pt").read_bytes() == before
+
+
+def test_kill_9_loses_at_most_one_checkpoint_interval_and_resume_finishes(tmp_path):
+    interval = 0.02  # minutes: last.pt every 1.2 s
+    proc = start("--total-timesteps", 10_000_000, "--eval-interval", 0, "--checkpoint-minutes", interval,
+                 "--run-dir", tmp_path)  # fmt: skip
+    wait_for(lambda: (tmp_path / "last.pt").exists() and weights(tmp_path / "last.pt")["global_step"] >= 500)
+    time.sleep(2.5)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.communicate(timeout=60)
+    killed_at = time.time()
+    assert killed_at - (tmp_path / "last.pt").stat().st_mtime < 60 * interval + 1.0
+    step = weights(tmp_path / "last.pt")["global_step"]
+    assert step >= 500 and not list(tmp_path.glob("*.tmp"))
+    # --resume alone continues the same run: its flags (budget included) come from last.pt
+    out = mappo("--resume", tmp_path, "--total-timesteps", step + 100).stdout
+    assert "resumed with other flags: --total-timesteps" in out
+    assert weights(tmp_path / "last.pt")["global_step"] == step + 100 and (tmp_path / "DONE").exists()
+
+
+def test_resume_takes_the_checkpoints_flags_and_refuses_another_num_envs(tmp_path):
+    mappo("--total-timesteps", 100, "--eval-interval", 0, "--hidden-size", 16, "--run-dir", tmp_path)
+    assert mappo("--resume", tmp_path).returncode == 0  # nothing left to train: hidden size and budget kept
+    assert weights(tmp_path / "last.pt")["args"]["total_timesteps"] == 100
+    proc = mappo("--resume", tmp_path, "--num-envs", 4, check=False)
+    assert "--num-envs 2 (checkpoint) vs 4 (now)" in error_line(proc)
+    proc = mappo("--resume", tmp_path, "--hidden-size", 32, check=False)
+    assert "--hidden-size 16 (checkpoint) vs 32 (now)" in error_line(proc)
+
+
+def test_a_diverging_run_leaves_a_finite_last_checkpoint_that_resumes(tmp_path):
+    proc = mappo("--total-timesteps", 2000, "--learning-rate", 1e6, "--run-dir", tmp_path, check=False)
+    line = error_line(proc)
+    assert "the loss became" in line and f"--resume {tmp_path} --learning-rate <lower>" in line
+    last = weights(tmp_path / "last.pt")
+    assert all(torch.isfinite(v).all() for sd in last["nets"].values() for v in sd.values() if v.is_floating_point())
+    mappo("--resume", tmp_path, "--learning-rate", 1e-4)
+    assert (tmp_path / "DONE").exists() and weights(tmp_path / "last.pt")["global_step"] == 2000
+
+
+# --- evaluation protocol v2 --------------------------------------------------------------------------------------
+def test_periodic_evaluations_never_replay_a_start_and_seeds_never_share_one():
+    starts = [periodic_seed(s, k, 10) + i for s in range(50) for k in range(100) for i in range(10)]
+    assert len(set(starts)) == len(starts)
+    assert not set(starts) & set(range(FINAL_SEED, FINAL_SEED + 1000))
+
+
+def test_evaluation_episodes_do_not_depend_on_the_batching():
+    args = MultiAgentArgs(env_id="simple_spread_v3", backend="pettingzoo")
+    make = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+
+    def make_greedy(n, rng):  # a fixed deterministic policy of the observation
+        return lambda obs, done: {"agent": (np.abs(obs.obs["agent"]).sum(-1) * 7).astype(np.int64) % 5}
+
+    full, groups = evaluate(make, make_greedy, 6, FINAL_SEED)
+    with mock.patch("runtime.evaluation.BATCH", 4):
+        batched, _ = evaluate(make, make_greedy, 6, FINAL_SEED)
+    assert full.shape == (6,) and np.array_equal(full, batched) and groups["agent"].shape == (6,)
+    other, _ = evaluate(make, make_greedy, 6, periodic_seed(0, 0, 6))
+    assert not np.array_equal(full, other)
+
+
+def test_final_evaluation_is_written_and_eval_checkpoint_replays_it(tmp_path):
+    mappo("--total-timesteps", 100, "--eval-interval", 50, "--run-dir", tmp_path)
+    final = json.loads((tmp_path / "final_eval.json").read_text())
+    assert final["protocol"] == "v2" and final["seed"] == FINAL_SEED and final["episodes"] == 4
+    assert len(final["returns"]) == 4 and final["mean"] == pytest.approx(np.mean(final["returns"]), abs=1e-3)
+    out = mappo("--eval-checkpoint", tmp_path / "last.pt").stdout  # --eval-episodes 2: the first two of the set
+    assert f"episodic return {np.mean(final['returns'][:2]):.2f}" in out
