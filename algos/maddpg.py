@@ -162,6 +162,88 @@ def act(actors, obs, device, args, explore=True, uniform=False):
     return actions
 
 
+NETWORK_FLAGS = ("hidden_size", "share_params", "critic_state", "random_groups")  # what the weights depend on
+
+
+def main(args):
+    check_args(args)
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    learners = check_groups(args, env)
+    obs_dim = int(np.prod(env.state_shape)) if args.critic_state else 0
+    obs_dim = obs_dim or sum(s.n_agents * int(np.prod(s.obs_shape)) for s in env.groups.values())
+    critic_dim = obs_dim + sum(s.n_agents * s.action_dim for s in env.groups.values())
+    actors = nn.ModuleDict({g: Actor(spec, args) for g, spec in env.groups.items()}).to(device)
+    critics = nn.ModuleDict({g: Critic(env.groups[g], critic_dim, args) for g in learners}).to(device)
+    actor_targets, critic_targets = copy.deepcopy(actors), copy.deepcopy(critics)
+    nets = dict(actors=actors, critics=critics, actor_targets=actor_targets, critic_targets=critic_targets)
+    make_greedy = lambda n, rng: lambda obs, done: act(actors, obs, device, args, explore=False)  # noqa: E731
+    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+
+    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
+    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
+    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
+                                             fused=fused),
+                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
+    fields = replay_fields(env.groups, env.state_shape, args)
+    per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
+    rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
+    save_replay = lambda: rb.save(os.path.join(run.dir, "replay.npz")) if args.save_buffer else None  # noqa: E731
+    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, save_replay)
+    writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
+    replay_file = os.path.join(run.dir, "replay.npz")
+    if args.resume and os.path.exists(replay_file):
+        rb.load(replay_file)
+        print(f"resumed with the {len(rb)} transitions of {replay_file}")
+    elif args.resume:
+        print(f"{replay_file} does not exist: the replay buffer refills for {args.learning_starts} steps")
+    learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
+    next_log, losses = global_step + args.log_interval, {}
+    obs = env.reset()
+    with run:
+        while global_step < args.total_timesteps:
+            # ACT: uniformly random until --learning-starts, then mu(o) plus exploration noise
+            with torch.no_grad():
+                actions = act(actors, obs, device, args, uniform=global_step < args.learning_starts)
+            # STEP
+            step = env.step(actions)
+            global_step += args.num_envs
+            # STORE: the next observation is step.final (the pre-reset one where an episode ended)
+            rb.add(**transition(obs, actions, step, args))
+            run.log_episodes(step.episodes, global_step)
+            obs = step.next
+
+            # UPDATE: --gradient-steps updates per --train-frequency env steps
+            rounds = global_step // args.train_frequency - (global_step - args.num_envs) // args.train_frequency
+            if len(rb) >= learning_starts:
+                beta0 = args.prioritized_replay_beta  # annealed linearly to 1
+                beta = beta0 + (1 - beta0) * min(1, global_step / args.total_timesteps)
+                for _ in range(rounds * args.gradient_steps):
+                    sample = rb.sample(args.batch_size, rng, **({"beta": beta} if args.prioritized else {}))
+                    new_losses, td = update(to_torch(sample, device), nets, optimizers, args, learners)
+                    losses, num_updates = losses | new_losses, num_updates + 1
+                    if args.prioritized:
+                        rb.update_priorities(sample["indices"], td.cpu().numpy())
+
+            # LOG
+            if global_step >= next_log or global_step >= args.total_timesteps:
+                next_log += args.log_interval
+                writer.add_scalar("charts/SPS", run.sps(), global_step)
+                for k, v in losses.items():  # the latest update's: the mean over agents, then per group
+                    writer.add_scalar(f"losses/{k}", v.item(), global_step)
+                if losses and args.prioritized:
+                    writer.add_scalar("charts/beta", beta, global_step)
+            run.step(global_step, num_updates=num_updates)  # EVAL, checkpoints, and where Ctrl-C stops the run
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the MADDPG update and the replay declaration ---
+
+
 def critic_input(x_obs, actions, n_agents, g=None, own=None):
     """The input of group g's critics, (A_g, B, D): [every observation (or the state), every agent's action].
 
@@ -252,9 +334,6 @@ def update(b, nets, optimizers, args, learners):
     return losses, td / sum(sizes[g] for g in learners)
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params", "critic_state", "random_groups")  # what the weights depend on
-
-
 def replay_fields(groups, state_shape, args):
     """One joint transition of every agent, declared once: name -> (per-env shape, dtype)."""
     fields = {}
@@ -278,82 +357,6 @@ def transition(obs, actions, step, args):
                    agent_mask=obs.agent_mask, avail=obs.avail_actions, next_avail=final.avail_actions)  # fmt: skip
     out = {f"{k}_{g}": v[g] for k, v in sources.items() for g in v}
     return out | ({"state": obs.state, "next_state": final.state} if args.critic_state else {})
-
-
-def main(args):
-    check_args(args)
-    device, rng = setup(args)
-    env = make_env(args, args.num_envs, args.seed)
-    learners = check_groups(args, env)
-    obs_dim = int(np.prod(env.state_shape)) if args.critic_state else 0
-    obs_dim = obs_dim or sum(s.n_agents * int(np.prod(s.obs_shape)) for s in env.groups.values())
-    critic_dim = obs_dim + sum(s.n_agents * s.action_dim for s in env.groups.values())
-    actors = nn.ModuleDict({g: Actor(spec, args) for g, spec in env.groups.items()}).to(device)
-    critics = nn.ModuleDict({g: Critic(env.groups[g], critic_dim, args) for g in learners}).to(device)
-    actor_targets, critic_targets = copy.deepcopy(actors), copy.deepcopy(critics)
-    nets = dict(actors=actors, critics=critics, actor_targets=actor_targets, critic_targets=critic_targets)
-    make_greedy = lambda n, rng: lambda obs, done: act(actors, obs, device, args, explore=False)  # noqa: E731
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-
-    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
-    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
-    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
-                                             fused=fused),
-                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
-    fields = replay_fields(env.groups, env.state_shape, args)
-    per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
-    rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
-    save_replay = lambda: rb.save(os.path.join(run.dir, "replay.npz")) if args.save_buffer else None  # noqa: E731
-    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, save_replay)
-    writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
-    replay_file = os.path.join(run.dir, "replay.npz")
-    if args.resume and os.path.exists(replay_file):
-        rb.load(replay_file)
-        print(f"resumed with the {len(rb)} transitions of {replay_file}")
-    elif args.resume:
-        print(f"{replay_file} does not exist: the replay buffer refills for {args.learning_starts} steps")
-    learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
-    next_log, losses = global_step + args.log_interval, {}
-    obs = env.reset()
-    with run:
-        while global_step < args.total_timesteps:
-            # ACT: uniformly random until --learning-starts, then mu(o) plus exploration noise
-            with torch.no_grad():
-                actions = act(actors, obs, device, args, uniform=global_step < args.learning_starts)
-            # STEP
-            step = env.step(actions)
-            global_step += args.num_envs
-            # STORE: the next observation is step.final (the pre-reset one where an episode ended)
-            rb.add(**transition(obs, actions, step, args))
-            run.log_episodes(step.episodes, global_step)
-            obs = step.next
-
-            # UPDATE: --gradient-steps updates per --train-frequency env steps
-            rounds = global_step // args.train_frequency - (global_step - args.num_envs) // args.train_frequency
-            if len(rb) >= learning_starts:
-                beta0 = args.prioritized_replay_beta  # annealed linearly to 1
-                beta = beta0 + (1 - beta0) * min(1, global_step / args.total_timesteps)
-                for _ in range(rounds * args.gradient_steps):
-                    sample = rb.sample(args.batch_size, rng, **({"beta": beta} if args.prioritized else {}))
-                    new_losses, td = update(to_torch(sample, device), nets, optimizers, args, learners)
-                    losses, num_updates = losses | new_losses, num_updates + 1
-                    if args.prioritized:
-                        rb.update_priorities(sample["indices"], td.cpu().numpy())
-
-            # LOG
-            if global_step >= next_log or global_step >= args.total_timesteps:
-                next_log += args.log_interval
-                writer.add_scalar("charts/SPS", run.sps(), global_step)
-                for k, v in losses.items():  # the latest update's: the mean over agents, then per group
-                    writer.add_scalar(f"losses/{k}", v.item(), global_step)
-                if losses and args.prioritized:
-                    writer.add_scalar("charts/beta", beta, global_step)
-            run.step(global_step, num_updates=num_updates)  # EVAL, checkpoints, and where Ctrl-C stops the run
-    run.finish()
-    env.close()
 
 
 if __name__ == "__main__":

@@ -219,93 +219,6 @@ def act(policies, obs, device, rng, hidden, random_groups=(), greedy=False):
 NETWORK_FLAGS = ("hidden_size", "share_params", "feature_norm", "rnn")  # what a checkpoint's weights depend on
 
 
-def rollout_fields(spec, state_shape, args):
-    """One group's rollout, declared once: name -> (per-env shape, dtype)."""
-    A = spec.n_agents
-    fields = {
-        "obs": ((A, *spec.obs_shape), np.float32),
-        "state": (state_shape, np.float32),
-        "actions": ((A,), np.int64) if spec.discrete else ((A, spec.action_dim), np.float32),
-        "logprobs": ((A,), np.float32),
-        "values": ((A,), np.float32),
-        "rewards": ((A,), np.float32),
-        "terminated": ((A,), np.bool_),
-        "truncated": ((), np.bool_),
-        "final_values": ((A,), np.float32),  # V(final observation) where an episode was truncated
-        "agent_mask": ((A,), np.bool_),
-    }
-    if spec.has_action_mask:
-        fields["avail_actions"] = ((A, spec.action_dim), np.bool_)
-    if args.rnn:  # the hidden states each step was acted on, and where episodes began (the states restart)
-        H = args.hidden_size
-        fields |= {"h_actor": ((A, H), np.float32), "h_critic": ((A, H), np.float32), "starts": ((), np.bool_)}
-    return fields
-
-
-def forward_batch(pol, mb, args):
-    """Actor outputs and normalized values of a minibatch: flat samples, or --rnn chunks (L, N, ...) unrolled."""
-    if not args.rnn:
-        return pol.actor_out(mb["obs"])[0], pol.critic_values(mb["state"])[0]
-    outs, values, ha, hc = [], [], mb["h_actor"][0], mb["h_critic"][0]
-    for i in range(len(mb["obs"])):  # the hidden states restart at zero where an episode began
-        keep = (1 - mb["starts"][i]).view(-1, 1, 1)
-        out, ha = pol.actor_out(mb["obs"][i], ha * keep)
-        v, hc = pol.critic_values(mb["state"][i], hc * keep)
-        outs.append(out)
-        values.append(v)
-    return torch.stack(outs), torch.stack(values)
-
-
-def update(pol, opt, rb, args, device, rng):
-    """PPO epochs: clipped surrogate, clipped Huber value loss, entropy bonus; dead agents masked out."""
-    clipfracs = []
-    norm = pol.value_norm.normalize if args.value_norm else (lambda x: x)
-    for _ in range(args.update_epochs):
-        batches = rb.sequences(args.rnn_chunk, args.num_minibatches, rng) if args.rnn else rb.minibatches(
-            args.num_minibatches, rng)  # fmt: skip
-        for mb in batches:
-            mb = to_torch(mb, device)
-            mask = mb["agent_mask"]  # death masking: a dead agent's steps weigh nothing in any loss
-            out, new_v = forward_batch(pol, mb, args)  # new_v in normalized units, like the targets below
-            logprob, entropy = pol.log_prob_entropy(pol.dist(out, mb.get("avail_actions")), mb["actions"])
-            logratio = logprob - mb["logprobs"]
-            ratio = logratio.exp()
-            with torch.no_grad():
-                approx_kl = masked_mean(mask, (ratio - 1) - logratio)
-                clipfracs.append(masked_mean(mask, ((ratio - 1.0).abs() > args.clip_coef).float()).item())
-            adv = mb["advantages"]
-            if args.norm_adv:
-                mean = masked_mean(mask, adv)
-                adv = (adv - mean) / (masked_mean(mask, (adv - mean) ** 2).sqrt() + 1e-8)
-            clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-            pg_loss = masked_mean(mask, torch.max(-adv * ratio, -adv * clipped_ratio))
-
-            target, old_v = norm(mb["returns"]), norm(mb["values"])
-            err = (target - new_v).abs()
-            if args.clip_vloss:
-                err = torch.max(err, (target - old_v - (new_v - old_v).clamp(-args.clip_coef, args.clip_coef)).abs())
-            d = args.huber_delta
-            v_loss = masked_mean(
-                mask, torch.where(err < d, 0.5 * err**2, d * (err - 0.5 * d)) if d > 0 else 0.5 * err**2
-            )
-            ent = masked_mean(mask, entropy)
-            loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"group {pol.spec.name}: the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-                    f"{v_loss.item():.3g}); lower --learning-rate or --max-grad-norm, or check the rewards"
-                )
-            opt.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(pol.actor.parameters(), args.max_grad_norm)
-            nn.utils.clip_grad_norm_(pol.critic.parameters(), args.max_grad_norm)
-            opt.step()
-    ret, val = rb.targets["returns"], rb["values"]
-    explained_var = 0.0 if np.var(ret) == 0 else float(1 - np.var(ret - val) / np.var(ret))
-    return dict(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=ent.item(), approx_kl=approx_kl.item(),
-                clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
-
-
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
@@ -395,6 +308,96 @@ def main(args):
             run.step(global_step, iteration=iteration)
     run.finish()
     env.close()
+
+
+# --- what the loop calls: the rollout declaration and the PPO update ---
+
+
+def rollout_fields(spec, state_shape, args):
+    """One group's rollout, declared once: name -> (per-env shape, dtype)."""
+    A = spec.n_agents
+    fields = {
+        "obs": ((A, *spec.obs_shape), np.float32),
+        "state": (state_shape, np.float32),
+        "actions": ((A,), np.int64) if spec.discrete else ((A, spec.action_dim), np.float32),
+        "logprobs": ((A,), np.float32),
+        "values": ((A,), np.float32),
+        "rewards": ((A,), np.float32),
+        "terminated": ((A,), np.bool_),
+        "truncated": ((), np.bool_),
+        "final_values": ((A,), np.float32),  # V(final observation) where an episode was truncated
+        "agent_mask": ((A,), np.bool_),
+    }
+    if spec.has_action_mask:
+        fields["avail_actions"] = ((A, spec.action_dim), np.bool_)
+    if args.rnn:  # the hidden states each step was acted on, and where episodes began (the states restart)
+        H = args.hidden_size
+        fields |= {"h_actor": ((A, H), np.float32), "h_critic": ((A, H), np.float32), "starts": ((), np.bool_)}
+    return fields
+
+
+def forward_batch(pol, mb, args):
+    """Actor outputs and normalized values of a minibatch: flat samples, or --rnn chunks (L, N, ...) unrolled."""
+    if not args.rnn:
+        return pol.actor_out(mb["obs"])[0], pol.critic_values(mb["state"])[0]
+    outs, values, ha, hc = [], [], mb["h_actor"][0], mb["h_critic"][0]
+    for i in range(len(mb["obs"])):  # the hidden states restart at zero where an episode began
+        keep = (1 - mb["starts"][i]).view(-1, 1, 1)
+        out, ha = pol.actor_out(mb["obs"][i], ha * keep)
+        v, hc = pol.critic_values(mb["state"][i], hc * keep)
+        outs.append(out)
+        values.append(v)
+    return torch.stack(outs), torch.stack(values)
+
+
+def update(pol, opt, rb, args, device, rng):
+    """PPO epochs: clipped surrogate, clipped Huber value loss, entropy bonus; dead agents masked out."""
+    clipfracs = []
+    norm = pol.value_norm.normalize if args.value_norm else (lambda x: x)
+    for _ in range(args.update_epochs):
+        batches = rb.sequences(args.rnn_chunk, args.num_minibatches, rng) if args.rnn else rb.minibatches(
+            args.num_minibatches, rng)  # fmt: skip
+        for mb in batches:
+            mb = to_torch(mb, device)
+            mask = mb["agent_mask"]  # death masking: a dead agent's steps weigh nothing in any loss
+            out, new_v = forward_batch(pol, mb, args)  # new_v in normalized units, like the targets below
+            logprob, entropy = pol.log_prob_entropy(pol.dist(out, mb.get("avail_actions")), mb["actions"])
+            logratio = logprob - mb["logprobs"]
+            ratio = logratio.exp()
+            with torch.no_grad():
+                approx_kl = masked_mean(mask, (ratio - 1) - logratio)
+                clipfracs.append(masked_mean(mask, ((ratio - 1.0).abs() > args.clip_coef).float()).item())
+            adv = mb["advantages"]
+            if args.norm_adv:
+                mean = masked_mean(mask, adv)
+                adv = (adv - mean) / (masked_mean(mask, (adv - mean) ** 2).sqrt() + 1e-8)
+            clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+            pg_loss = masked_mean(mask, torch.max(-adv * ratio, -adv * clipped_ratio))
+
+            target, old_v = norm(mb["returns"]), norm(mb["values"])
+            err = (target - new_v).abs()
+            if args.clip_vloss:
+                err = torch.max(err, (target - old_v - (new_v - old_v).clamp(-args.clip_coef, args.clip_coef)).abs())
+            d = args.huber_delta
+            v_loss = masked_mean(
+                mask, torch.where(err < d, 0.5 * err**2, d * (err - 0.5 * d)) if d > 0 else 0.5 * err**2
+            )
+            ent = masked_mean(mask, entropy)
+            loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
+            if not torch.isfinite(loss):  # stop before the weights are poisoned
+                raise FloatingPointError(
+                    f"group {pol.spec.name}: the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
+                    f"{v_loss.item():.3g}); lower --learning-rate or --max-grad-norm, or check the rewards"
+                )
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(pol.actor.parameters(), args.max_grad_norm)
+            nn.utils.clip_grad_norm_(pol.critic.parameters(), args.max_grad_norm)
+            opt.step()
+    ret, val = rb.targets["returns"], rb["values"]
+    explained_var = 0.0 if np.var(ret) == 0 else float(1 - np.var(ret - val) / np.var(ret))
+    return dict(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=ent.item(), approx_kl=approx_kl.item(),
+                clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
 
 
 if __name__ == "__main__":
