@@ -18,6 +18,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from runtime import ArgumentError, CheckpointError, check_args, load_checkpoint, periodic_seed, save_checkpoint
 from runtime.args import MultiAgentArgs, make_env
@@ -275,7 +276,11 @@ def test_evaluation_episodes_do_not_depend_on_the_batching():
 
 
 def test_final_evaluation_is_written_and_eval_checkpoint_replays_it(tmp_path):
-    mappo("--total-timesteps", 100, "--eval-interval", 50, "--run-dir", tmp_path)
+    mappo("--total-timesteps", 100, "--eval-interval", 50, "--capture-video", "--run-dir", tmp_path)
+    assert sorted(p.name for p in (tmp_path / "videos").iterdir()) == ["step_100.mp4", "step_50.mp4"]
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Images("eval/video")] == [50, 100]  # the videos in TensorBoard, as GIFs
     final = json.loads((tmp_path / "final_eval.json").read_text())
     assert final["protocol"] == "v2" and final["seed"] == FINAL_SEED and final["episodes"] == 4
     assert len(final["returns"]) == 4 and final["mean"] == pytest.approx(np.mean(final["returns"]), abs=1e-3)
