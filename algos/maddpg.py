@@ -10,7 +10,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
-from runtime import MultiAgentArgs, Run, check_args, check_groups, cli, evaluate_checkpoint, make_env, setup
+from runtime import (
+    MultiAgentArgs,
+    Run,
+    check_action_flags,
+    check_args,
+    check_groups,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    setup,
+)
 
 ALGO = "maddpg"
 
@@ -170,6 +180,7 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     learners = check_groups(args, env)
+    check_action_flags(args, env, continuous_only=("exploration_noise",), discrete_only=("gumbel_temperature",))
     obs_dim = int(np.prod(env.state_shape)) if args.critic_state else 0
     obs_dim = obs_dim or sum(s.n_agents * int(np.prod(s.obs_shape)) for s in env.groups.values())
     critic_dim = obs_dim + sum(s.n_agents * s.action_dim for s in env.groups.values())

@@ -79,3 +79,15 @@ def check_groups(args, env) -> list[str]:
     if not learners:
         raise ArgumentError(f"--random-groups freezes every group of {args.env_id}: nothing would learn")
     return learners
+
+
+def check_action_flags(args, env, continuous_only=(), discrete_only=()) -> None:
+    """A flag changed from its default that only means something for the other kind of actions is refused."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    kinds = {s.discrete for s in env.groups.values()}
+    for names, needs, have in ((continuous_only, False, "discrete"), (discrete_only, True, "continuous")):
+        for name in names:
+            if needs not in kinds and getattr(args, name) != defaults[name]:
+                hint = "add --continuous-actions" if not needs else "add --no-continuous-actions"
+                raise ArgumentError(f"{flag(name)} applies to {'discrete' if needs else 'continuous'} actions only, "
+                                    f"and {args.env_id} has {have} actions here: drop it, or {hint}")  # fmt: skip

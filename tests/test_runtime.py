@@ -286,3 +286,20 @@ def test_final_evaluation_is_written_and_eval_checkpoint_replays_it(tmp_path):
     assert len(final["returns"]) == 4 and final["mean"] == pytest.approx(np.mean(final["returns"]), abs=1e-3)
     out = mappo("--eval-checkpoint", tmp_path / "last.pt").stdout  # --eval-episodes 2: the first two of the set
     assert f"episodic return {np.mean(final['returns'][:2]):.2f}" in out
+
+
+def test_a_flag_for_the_other_kind_of_actions_is_refused():
+    from runtime import check_action_flags
+
+    @dataclasses.dataclass
+    class DDPGFlags(MultiAgentArgs):
+        exploration_noise: float = 0.1
+        gumbel_temperature: float = 1.0
+
+    discrete = make_env(MultiAgentArgs(), 1, 0, "numba", "sync")
+    continuous = make_env(MultiAgentArgs(continuous_actions=True), 1, 0, "numba", "sync")
+    check_action_flags(DDPGFlags(), discrete, ("exploration_noise",), ("gumbel_temperature",))  # defaults: fine
+    with pytest.raises(ArgumentError, match="--exploration-noise applies to continuous actions only"):
+        check_action_flags(DDPGFlags(exploration_noise=0.3), discrete, ("exploration_noise",))
+    with pytest.raises(ArgumentError, match="--gumbel-temperature applies to discrete actions only"):
+        check_action_flags(DDPGFlags(gumbel_temperature=0.5), continuous, (), ("gumbel_temperature",))
