@@ -59,9 +59,8 @@ VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["
 
 def sps(algo, backend, steps, threads, workdir, vector="sync", extra=""):
     run_dir = Path(workdir) / f"{algo}_{backend}_{vector}_{threads}{extra.replace(' ', '').replace('-', '_')}"
-    flags = (
-        f"--backend {backend} --total-timesteps {steps} --eval-interval 0 --eval-episodes 1 --torch-threads {threads}"
-    )
+    flags = f"--backend {backend} --total-timesteps {steps} --eval-interval 0 --eval-episodes 1 --final-eval-episodes 0"
+    flags += f" --torch-threads {threads}"
     flags += f" --vector {vector}" * (vector != "sync") + f" {extra}" * bool(extra)
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *flags.split(), "--run-dir", str(run_dir)]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
@@ -83,7 +82,7 @@ def profile(algo, steps, workdir):
     prof = Path(workdir) / f"{algo}.prof"
     cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(ROOT / "algos" / f"{algo}.py"), "--backend", "numba",
            "--total-timesteps", str(steps), "--eval-interval", "0", "--eval-episodes", "1",
-           "--run-dir", str(Path(workdir) / f"prof_{algo}")]  # fmt: skip
+           "--final-eval-episodes", "0", "--run-dir", str(Path(workdir) / f"prof_{algo}")]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     stats = pstats.Stats(str(prof)).stats
     main = next(v[3] for (f, _, name), v in stats.items() if name == "main" and f.endswith(f"algos/{algo}.py"))
