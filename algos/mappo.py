@@ -17,6 +17,7 @@ ALGO = "mappo"
 class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
     # --- MAPPO (defaults: the MAPPO paper's MPE settings) ---
     learning_rate: float = 7e-4
+    """Adam learning rate of actor and critic (the MAPPO paper's MPE value)"""
     anneal_lr: bool = True
     """linear learning-rate decay to 0"""
     num_steps: int = 25
@@ -24,12 +25,19 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     gamma: float = 0.95
     """discount; 0.95 for 25-step MPE episodes (the paper's 0.99 learned slower: results/simple_spread_v3/tuning.md)"""
     gae_lambda: float = 0.95
+    """GAE lambda (bias-variance trade-off of the advantages)"""
     num_minibatches: int = 1
+    """minibatches per update epoch"""
     update_epochs: int = 10
+    """passes over each rollout"""
     clip_coef: float = 0.2
+    """PPO ratio clip (and value clip) range"""
     ent_coef: float = 0.01
+    """entropy bonus weight"""
     vf_coef: float = 1.0
+    """value loss weight"""
     max_grad_norm: float = 10.0
+    """gradient-norm clip, of actor and critic separately"""
     norm_adv: bool = True
     """advantage normalization"""
     clip_vloss: bool = True
@@ -47,6 +55,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     rnn_chunk: int = 25
     """--rnn: steps per training sequence (divides --num-steps); each starts from the stored hidden state"""
     hidden_size: int = 64
+    """width of the hidden layers (and of the GRU with --rnn)"""
     share_params: bool = True
     """one network per group with an agent-id one-hot (--no-share-params: one network per agent)"""
     random_groups: tuple[str, ...] = ()
@@ -54,7 +63,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
 
     # --- derived at runtime ---
     batch_size: int = field(default=0, init=False)
+    """num_envs x num_steps"""
     num_iterations: int = field(default=0, init=False)
+    """total_timesteps // batch_size"""
 
 
 class GroupLinear(nn.Module):
