@@ -1,79 +1,23 @@
 """IPPO (de Witt et al. 2020, arXiv:2011.09533), results: results/simple_spread_v3/ippo.json"""
 
-import copy
-import json
-import os
-import random
-import signal
-import sys
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Annotated
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
 from torch.distributions import Categorical, Normal
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
-import envs
-from buffers import BufferInputError, RolloutBuffer, to_torch
+from buffers import RolloutBuffer, to_torch
+from runtime import MultiAgentArgs, Run, check_args, check_groups, cli, evaluate_checkpoint, make_env, setup
 
 ALGO = "ippo"
 
 
 @dataclass
-class Args:
-    # --- shared flags (every script) ---
-    env_id: Annotated[str, tyro.conf.arg(aliases=("--env",))] = "simple_spread_v3"
-    """environment id (see envs.known_ids()) or 'module:function'; --env is an alias"""
-    seed: int = 1
-    """seed of numpy, torch and the envs"""
-    total_timesteps: int = 10_000_000
-    """env steps, summed over all envs"""
-    num_envs: int = 128
-    """parallel training envs"""
-    backend: str = "auto"
-    """env backend: 'numba' (compiled MPE), 'pettingzoo', or 'auto' (numba for MPE ids when available)"""
-    vector: str = "sync"
-    """PettingZoo vectorization: 'sync' or 'subproc'"""
-    continuous_actions: bool = False
-    """continuous (Box) actions, for MPE envs"""
-    max_cycles: int | None = None
-    """episode length limit passed to the env (default: the env's own)"""
-    map_size: int | None = None
-    """MAgent2 map size (default: the env's own)"""
-    env_kwargs: str = "{}"
-    """further env keyword arguments as JSON, e.g. '{"N": 5}'"""
-    cuda: bool = False
-    """train on CUDA (an error if no device is available)"""
-    torch_deterministic: bool = True
-    """torch.backends.cudnn.deterministic"""
-    torch_threads: int = 1
-    """torch CPU threads (0: torch's default); 1 is fastest for small networks beside the envs"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "flashmarl"
-    wandb_entity: str | None = None
-    capture_video: bool = False
-    """record a greedy episode at each evaluation (or with --eval-checkpoint)"""
-    save_model: bool = True
-    """write last.pt at the end and best.pt at each best evaluation (Ctrl-C always writes last.pt)"""
-    eval_interval: int = 100_000
-    """env steps between greedy evaluations (0: only at the end)"""
-    eval_episodes: int = 10
-    """episodes per evaluation"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint greedily and exit"""
-    resume: str | None = None
-    """continue the run in this run directory from its last.pt"""
-    run_dir: str | None = None
-    """where to write (default runs/<env>__ippo__<seed>__<time>)"""
-
+class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
     # --- IPPO (defaults: the MAPPO paper's MPE settings, shared so the two compare) ---
     learning_rate: float = 7e-4
+    """Adam learning rate of actor and critic (the MAPPO paper's MPE value)"""
     anneal_lr: bool = True
     """linear learning-rate decay to 0"""
     num_steps: int = 25
@@ -81,12 +25,19 @@ class Args:
     gamma: float = 0.95
     """discount; 0.95 for 25-step MPE episodes (the paper's 0.99 learned slower: results/simple_spread_v3/tuning.md)"""
     gae_lambda: float = 0.95
+    """GAE lambda (bias-variance trade-off of the advantages)"""
     num_minibatches: int = 1
+    """minibatches per update epoch"""
     update_epochs: int = 10
+    """passes over each rollout"""
     clip_coef: float = 0.2
+    """PPO ratio clip (and value clip) range"""
     ent_coef: float = 0.01
+    """entropy bonus weight"""
     vf_coef: float = 1.0
+    """value loss weight"""
     max_grad_norm: float = 10.0
+    """gradient-norm clip, of actor and critic separately"""
     norm_adv: bool = True
     """advantage normalization"""
     clip_vloss: bool = True
@@ -104,6 +55,7 @@ class Args:
     rnn_chunk: int = 25
     """--rnn: steps per training sequence (divides --num-steps); each starts from the stored hidden state"""
     hidden_size: int = 64
+    """width of the hidden layers (and of the GRU with --rnn)"""
     share_params: bool = True
     """one network per group with an agent-id one-hot (--no-share-params: one network per agent)"""
     random_groups: tuple[str, ...] = ()
@@ -111,7 +63,9 @@ class Args:
 
     # --- derived at runtime ---
     batch_size: int = field(default=0, init=False)
+    """num_envs x num_steps"""
     num_iterations: int = field(default=0, init=False)
+    """total_timesteps // batch_size"""
 
 
 class GroupLinear(nn.Module):
@@ -273,86 +227,100 @@ def act(policies, obs, device, rng, hidden, random_groups=(), greedy=False):
     return actions, taken
 
 
-def env_kwargs(args):
-    try:
-        kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--env-kwargs is not valid JSON ({e}); use e.g. '{{\"N\": 5}}'") from None
-    flags = dict(continuous_actions=args.continuous_actions or None, max_cycles=args.max_cycles, map_size=args.map_size)
-    return kwargs | {k: v for k, v in flags.items() if v is not None}
-
-
-def evaluate(policies, args, device, seed, video_path=None):
-    """Greedy episodes on the standard PettingZoo env, one per env (so short episodes are not favoured)."""
-    n = args.eval_episodes
-    env = envs.make(args.env_id, num_envs=n, seed=seed, backend="pettingzoo", **env_kwargs(args))
-    obs, returns, group_returns, rng = env.reset(), [None] * n, {}, np.random.default_rng(seed)
-    hidden = initial_hidden(policies, args, n, device)
-    with torch.no_grad():
-        while any(r is None for r in returns):
-            step = env.step(act(policies, obs, device, rng, hidden, args.random_groups, greedy=True)[0])
-            hidden = reset_finished(hidden, step.done, device)
-            for ep in step.episodes:
-                if returns[ep.env_index] is None:
-                    returns[ep.env_index] = ep.episode_return
-                    for g, r in ep.group_returns.items():
-                        group_returns.setdefault(g, []).append(r)
-            obs = step.next
-        env.close()
-        if video_path is not None:  # one env, so one set of hidden states, reset with the episode
-            hidden = initial_hidden(policies, args, 1, device)
-            greedy = lambda o: act(policies, o, device, rng, hidden, args.random_groups, greedy=True)[0]  # noqa: E731
-            envs.record_episode(args.env_id, greedy, video_path, seed=seed, **env_kwargs(args))
-    return np.array(returns), {g: float(np.mean(r)) for g, r in group_returns.items()}
-
-
-def env_signature(env):
-    """What a checkpoint must match: groups, agent counts, observation and action spaces."""
-    return {g: [s.n_agents, list(s.obs_shape), s.discrete, s.action_dim] for g, s in env.groups.items()}
-
-
-def save_checkpoint(path, policies, optimizers, args, signature, global_step, iteration, rng, best_eval):
-    """Everything --resume needs, in types that torch.load(weights_only=True) accepts."""
-    ckpt = dict(algo=ALGO, env_id=args.env_id, signature=signature, args=json.loads(json.dumps(asdict(args))),
-                policies={g: p.state_dict() for g, p in policies.items()},
-                optimizers={g: o.state_dict() for g, o in optimizers.items()},
-                global_step=global_step, best_eval=float(best_eval), iteration=iteration,
-                rng={"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state})  # fmt: skip
-    torch.save(ckpt, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)  # never leave a half-written checkpoint behind
-
-
-def load_checkpoint(path, args, signature):
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for a damaged file
-        raise ValueError(
-            f"checkpoint {path} is unreadable (corrupt or not a torch file): {e}".splitlines()[0]
-        ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("algo") != ALGO:
-        raise ValueError(f"checkpoint {path} is not a {ALGO} checkpoint")
-    if ckpt["env_id"] != args.env_id or ckpt["signature"] != signature:
-        raise ValueError(
-            f"checkpoint {path} was trained on {ckpt['env_id']} with spaces {ckpt['signature']}, which do not "
-            f"match {args.env_id} with {signature}: pass the same --env-id and env flags"
-        )
-    return ckpt
-
-
 NETWORK_FLAGS = ("hidden_size", "share_params", "feature_norm", "rnn")  # what a checkpoint's weights depend on
 
 
-def load_weights(policies, ckpt, path):
-    try:
-        for g, p in policies.items():
-            p.load_state_dict(ckpt["policies"][g])
-    except RuntimeError as e:  # e.g. a checkpoint written before a change of the networks' layout
-        raise ValueError(
-            f"checkpoint {path} holds networks of another layout than this script builds "
-            f"({str(e).splitlines()[1].strip()[:120]})"
-        ) from None
+def main(args):
+    args.batch_size = args.num_envs * args.num_steps
+    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
+    check_args(args, (not args.rnn or args.num_steps % args.rnn_chunk == 0,
+                      f"--rnn-chunk {args.rnn_chunk} must divide --num-steps {args.num_steps}"),
+               (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
+                f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    learners = check_groups(args, env)
+    policies = {g: Policy(spec, args).to(device) for g, spec in env.groups.items()}
+    optimizers = {g: torch.optim.Adam(policies[g].parameters(), lr=args.learning_rate, eps=1e-5) for g in learners}
+
+    def make_greedy(num_envs, rng):  # evaluation: greedy actions, hidden states reset where an episode ended
+        hidden = initial_hidden(policies, args, num_envs, device)
+
+        def greedy(obs, done):
+            nonlocal hidden
+            hidden = hidden if done is None else reset_finished(hidden, done, device)
+            return act(policies, obs, device, rng, hidden, args.random_groups, greedy=True)[0]
+
+        return greedy
+
+    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, policies, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+    run = Run(args, ALGO, env, policies, optimizers, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env)
+    writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
+    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], args))
+               for g in learners}  # fmt: skip
+    obs, starts = env.reset(), np.ones(args.num_envs, bool)
+    h_actor = initial_hidden(policies, args, args.num_envs, device)  # --rnn: group -> (E, A, H), else None
+    h_critic = initial_hidden(policies, args, args.num_envs, device)
+    with run:
+        for iteration in range(start, args.num_iterations + 1):
+            lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
+            for g in learners:
+                optimizers[g].param_groups[0]["lr"] = lr
+
+            for _ in range(args.num_steps):
+                # ACT (recurrent: the hidden states the step is acted on are stored with it)
+                with torch.no_grad():
+                    stored = {g: {"h_actor": h_actor[g].cpu().numpy(), "h_critic": h_critic[g].cpu().numpy(),
+                                  "starts": starts} if args.rnn else {} for g in learners}  # fmt: skip
+                    actions, taken = act(policies, obs, device, rng, h_actor, args.random_groups)
+                    values = {}
+                    for g in learners:
+                        values[g], h_critic[g] = policies[g].value(t(obs.obs[g], device), h_critic[g])
+                # STEP
+                step = env.step(actions)
+                global_step += args.num_envs
+                # STORE: a truncated episode bootstraps from V(final observation), not the next episode's first
+                with torch.no_grad():
+                    trunc = step.truncated.any()
+                    final_values = {g: policies[g].value(t(step.final.obs[g], device), h_critic[g])[0] if trunc
+                                    else 0 * values[g] for g in learners}  # fmt: skip
+                for g in learners:
+                    avail = {"avail_actions": obs.avail_actions[g]} if g in obs.avail_actions else {}
+                    buffers[g].add(obs=obs.obs[g], **taken[g], values=values[g],
+                                   rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
+                                   final_values=final_values[g], agent_mask=obs.agent_mask[g], **avail,
+                                   **stored[g])  # fmt: skip
+                h_actor = reset_finished(h_actor, step.done, device)  # the next episodes start from zero
+                h_critic = reset_finished(h_critic, step.done, device)
+                starts = step.done
+                run.log_episodes(step.episodes, global_step)
+                obs = step.next
+
+            # TARGETS and UPDATE, group by group
+            for g in learners:
+                pol, rb = policies[g], buffers[g]
+                with torch.no_grad():
+                    last_values = pol.value(t(obs.obs[g], device), h_critic[g])[0]
+                rb.compute_gae(last_values, args.gamma, args.gae_lambda)
+                if args.value_norm:
+                    alive = torch.as_tensor(rb["agent_mask"])
+                    pol.value_norm.update(torch.as_tensor(rb.targets["returns"])[alive].to(device))
+                for k, v in update(pol, optimizers[g], rb, args, device, rng).items():
+                    writer.add_scalar(f"losses/{k}" if len(learners) == 1 else f"losses/{k}/{g}", v, global_step)
+                rb.reset()
+
+            # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
+            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/learning_rate", lr, global_step)
+            run.step(global_step, iteration=iteration)
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the rollout declaration and the PPO update ---
 
 
 def rollout_fields(spec, args):
@@ -441,190 +409,5 @@ def update(pol, opt, rb, args, device, rng):
                 clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
 
 
-def main(args):
-    kwargs = env_kwargs(args)
-    if args.cuda and not torch.cuda.is_available():
-        raise ValueError("--cuda was given but no CUDA device is available: drop --cuda to train on the CPU")
-    device = torch.device("cuda" if args.cuda else "cpu")
-    if args.rnn and (args.rnn_chunk < 1 or args.num_steps % args.rnn_chunk):
-        raise ValueError(f"--rnn-chunk {args.rnn_chunk} must divide --num-steps {args.num_steps}")
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-
-    # seeding, envs, networks
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng(args.seed)
-    env = envs.make(args.env_id, args.num_envs, args.seed, vector=args.vector, backend=args.backend, **kwargs)
-    signature = env_signature(env)
-    if unknown := [g for g in args.random_groups if g not in env.groups]:
-        raise ValueError(f"--random-groups {unknown}: {args.env_id} has the groups {list(env.groups)}")
-    ckpt_path = args.eval_checkpoint or (os.path.join(args.resume, "last.pt") if args.resume else None)
-    ckpt = load_checkpoint(ckpt_path, args, signature) if ckpt_path else None
-    for k in NETWORK_FLAGS if ckpt else ():  # the networks are rebuilt as they were trained, whatever the flags
-        setattr(args, k, ckpt["args"].get(k, getattr(args, k)))
-    policies = {g: Policy(spec, args).to(device) for g, spec in env.groups.items()}
-    optimizers = {g: torch.optim.Adam(p.parameters(), lr=args.learning_rate, eps=1e-5) for g, p in policies.items()}
-    learners = [g for g in policies if g not in args.random_groups]
-
-    if args.eval_checkpoint:
-        load_weights(policies, ckpt, ckpt_path)
-        video = os.path.join(os.path.dirname(args.eval_checkpoint), "eval.mp4") if args.capture_video else None
-        returns, per_group = evaluate(policies, args, device, args.seed + 10_000, video)
-        print(f"{args.env_id} {ALGO} {args.eval_checkpoint}: episodic return {returns.mean():.2f} ± "
-              f"{returns.std():.2f} over {len(returns)} greedy episodes; per group {per_group}"
-              + (f"; video {video}" if video else ""))  # fmt: skip
-        return
-
-    args.batch_size = args.num_envs * args.num_steps
-    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    global_step, start_iteration = 0, 1
-    if args.resume:  # same weights, optimizer moments, step counter and RNG: the curve continues
-        run_dir = args.resume
-        load_weights(policies, ckpt, ckpt_path)
-        for g in policies:
-            optimizers[g].load_state_dict(ckpt["optimizers"][g])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        rng.bit_generator.state = ckpt["rng"]["numpy"]
-    else:
-        run_dir = args.run_dir or f"runs/{args.env_id}__{ALGO}__{args.seed}__{int(time.time())}"
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(asdict(args) | {"env_class": type(env).__name__}, f, indent=2)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                   name=os.path.basename(run_dir), sync_tensorboard=True)  # fmt: skip
-    writer = SummaryWriter(run_dir)
-    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], args))
-               for g in learners}  # fmt: skip
-
-    def checkpoint(name, step, it, best):
-        if args.save_model or name == "last.pt":
-            save_checkpoint(os.path.join(run_dir, name), policies, optimizers, args, signature, step, it, rng, best)
-
-    def run_eval(step, it, best):
-        """Greedy evaluation on the standard env; keeps best.pt and an optional video."""
-        video = os.path.join(run_dir, "videos", f"step_{step}.mp4") if args.capture_video else None
-        returns, per_group = evaluate(policies, args, device, args.seed + 10_000, video)
-        writer.add_scalar("eval/episodic_return", returns.mean(), step)
-        for g, r in per_group.items():
-            writer.add_scalar(f"eval/episodic_return/{g}", r, step)
-        if returns.mean() > best:
-            checkpoint("best.pt", step, it, returns.mean())
-        return float(returns.mean()), max(best, float(returns.mean()))
-
-    next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
-    best_eval = ckpt.get("best_eval", -np.inf) if args.resume else -np.inf  # a resumed run keeps best.pt
-    last_eval, last_eval_step = float("nan"), -1
-    obs, starts = env.reset(), np.ones(args.num_envs, bool)
-    h_actor = initial_hidden(policies, args, args.num_envs, device)  # --rnn: group -> (E, A, H), else None
-    h_critic = initial_hidden(policies, args, args.num_envs, device)
-    start_time, start_step, iteration = time.time(), global_step, start_iteration - 1
-    finished, before_update = iteration, None  # the last finished update; weights while one runs
-    bar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
-            for g in learners:
-                optimizers[g].param_groups[0]["lr"] = lr
-
-            for _ in range(args.num_steps):
-                # ACT (recurrent: the hidden states the step is acted on are stored with it)
-                with torch.no_grad():
-                    stored = {g: {"h_actor": h_actor[g].cpu().numpy(), "h_critic": h_critic[g].cpu().numpy(),
-                                  "starts": starts} if args.rnn else {} for g in learners}  # fmt: skip
-                    actions, taken = act(policies, obs, device, rng, h_actor, args.random_groups)
-                    values = {}
-                    for g in learners:
-                        values[g], h_critic[g] = policies[g].value(t(obs.obs[g], device), h_critic[g])
-                # STEP
-                step = env.step(actions)
-                global_step += args.num_envs
-                # STORE: a truncated episode bootstraps from V(final observation), not the next episode's first
-                with torch.no_grad():
-                    trunc = step.truncated.any()
-                    final_values = {g: policies[g].value(t(step.final.obs[g], device), h_critic[g])[0] if trunc
-                                    else 0 * values[g] for g in learners}  # fmt: skip
-                for g in learners:
-                    avail = {"avail_actions": obs.avail_actions[g]} if g in obs.avail_actions else {}
-                    buffers[g].add(obs=obs.obs[g], **taken[g], values=values[g],
-                                   rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
-                                   final_values=final_values[g], agent_mask=obs.agent_mask[g], **avail,
-                                   **stored[g])  # fmt: skip
-                h_actor = reset_finished(h_actor, step.done, device)  # the next episodes start from zero
-                h_critic = reset_finished(h_critic, step.done, device)
-                starts = step.done
-                if eps := step.episodes:  # one point per step: the mean over the episodes that just finished
-                    writer.add_scalar("charts/episodic_return", np.mean([e.episode_return for e in eps]), global_step)
-                    writer.add_scalar("charts/episodic_length", np.mean([e.length for e in eps]), global_step)
-                    for g in eps[0].group_returns:
-                        r = np.mean([e.group_returns[g] for e in eps])
-                        writer.add_scalar(f"charts/episodic_return/{g}", r, global_step)
-                obs = step.next
-
-            # TARGETS and UPDATE, group by group (a stopped update is undone: see the except below)
-            before_update = copy.deepcopy({g: (policies[g].state_dict(), optimizers[g].state_dict()) for g in learners})
-            for g in learners:
-                pol, rb = policies[g], buffers[g]
-                with torch.no_grad():
-                    last_values = pol.value(t(obs.obs[g], device), h_critic[g])[0]
-                rb.compute_gae(last_values, args.gamma, args.gae_lambda)
-                if args.value_norm:
-                    alive = torch.as_tensor(rb["agent_mask"])
-                    pol.value_norm.update(torch.as_tensor(rb.targets["returns"])[alive].to(device))
-                for k, v in update(pol, optimizers[g], rb, args, device, rng).items():
-                    writer.add_scalar(f"losses/{k}" if len(learners) == 1 else f"losses/{k}/{g}", v, global_step)
-                rb.reset()
-            finished, before_update = iteration, None
-
-            # LOG
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            bar.update(args.batch_size)
-            bar.set_postfix(SPS=sps, eval=f"{last_eval:.2f}")
-
-            # EVAL
-            if next_eval is not None and global_step >= next_eval:
-                next_eval += args.eval_interval
-                last_eval, best_eval = run_eval(global_step, iteration, best_eval)
-                last_eval_step = global_step
-    except (KeyboardInterrupt, FloatingPointError) as e:
-        # an unfinished iteration is dropped, and an update it stopped inside is undone (its weights may be
-        # diverging): last.pt holds the weights of the last finished update, which --resume goes on from
-        bar.close()
-        for g, (weights, moments) in (before_update or {}).items():
-            policies[g].load_state_dict(weights)
-            optimizers[g].load_state_dict(moments)
-        checkpoint("last.pt", finished * args.batch_size, finished, best_eval)
-        writer.close()
-        if isinstance(e, FloatingPointError):
-            raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before this update)") from None
-        print(f"interrupted at step {global_step}: saved {run_dir}/last.pt; continue with --resume {run_dir}")
-        sys.exit(130)
-    bar.close()
-
-    if last_eval_step != global_step:
-        last_eval, best_eval = run_eval(global_step, iteration, best_eval)
-    checkpoint("last.pt", global_step, iteration, best_eval)
-    writer.close()
-    env.close()
-    open(os.path.join(run_dir, "DONE"), "w").close()
-    print(f"done: {global_step} steps, final greedy return {last_eval:.2f} (best {best_eval:.2f}); run dir {run_dir}")
-
-
 if __name__ == "__main__":
-    # Ctrl-C, kill -INT and SIGTERM (kill, a cluster's preemption) all save last.pt, also in a background job,
-    # which starts with SIGINT ignored (Python then installs no KeyboardInterrupt handler of its own)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    args = tyro.cli(Args)
-    try:
-        main(args)
-    except (ValueError, ImportError, BufferInputError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli(Args, main)

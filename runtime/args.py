@@ -85,31 +85,36 @@ class MultiAgentArgs(RunArgs):
     """groups frozen to a uniformly random policy, e.g. adversary"""
 
 
-def resume_defaults(args_class, argv):
-    """With --resume DIR on the command line: the flags DIR/last.pt was trained with, as defaults that the command
-    line overrides (so `--resume DIR` alone continues the same run, budget included). None without --resume."""
-    run_dir = None
+def flag_value(argv, name):
+    """The value of `--name VALUE` or `--name=VALUE` in argv (the last one given), else None."""
+    value = None
     for i, a in enumerate(argv):
-        if a == "--resume" and i + 1 < len(argv):
-            run_dir = argv[i + 1]
-        elif a.startswith("--resume="):
-            run_dir = a.split("=", 1)[1]
-    if run_dir is None:
-        return None
-    path = os.path.join(run_dir, "last.pt")
-    if not os.path.isdir(run_dir):
-        raise CheckpointError(f"--resume {run_dir}: no such run directory")
-    if not os.path.isfile(path):
-        raise CheckpointError(f"--resume {run_dir}: it holds no last.pt to continue from (start a new run instead)")
+        if a == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def checkpoint_defaults(args_class, argv):
+    """With --resume DIR or --eval-checkpoint PATH on the command line: the flags that checkpoint was trained with,
+    as defaults that the command line overrides. So `--resume DIR` alone continues the same run (budget included),
+    and `--eval-checkpoint PATH` alone rebuilds the networks it holds. None without either flag."""
+    run_dir, path = flag_value(argv, "--resume"), flag_value(argv, "--eval-checkpoint")
+    if run_dir is not None:
+        if not os.path.isdir(run_dir):
+            raise CheckpointError(f"--resume {run_dir}: no such run directory")
+        path = os.path.join(run_dir, "last.pt")
+        if not os.path.isfile(path):
+            raise CheckpointError(f"--resume {run_dir}: it holds no last.pt to continue from (start a new run)")
+    elif path is None or not os.path.isfile(path):
+        return None  # no checkpoint, or one that does not exist: check_args names it
     saved = read_checkpoint(path).get("args")
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path} is malformed: its 'args' entry is missing")
-    fields = {f.name: f for f in dataclasses.fields(args_class) if f.init}
-    kwargs = {}
-    for name, value in saved.items():
-        if name in fields:
-            kwargs[name] = tuple(value) if isinstance(value, list) else value
-    kwargs.update(run_dir=None, eval_checkpoint=None)  # the run continues where it is now
+    fields = {f.name for f in dataclasses.fields(args_class) if f.init}
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
+    kwargs.update(run_dir=None, resume=None, eval_checkpoint=None)  # the command line says where, and what to do
     return args_class(**kwargs)
 
 
@@ -119,7 +124,7 @@ def cli(args_class, main):
     from runtime.run import RunStopped  # run imports this module
 
     try:
-        defaults = resume_defaults(args_class, sys.argv[1:])
+        defaults = checkpoint_defaults(args_class, sys.argv[1:])
         args = tyro.cli(args_class, default=defaults) if defaults is not None else tyro.cli(args_class)
         main(args)
     except RunStopped as e:
