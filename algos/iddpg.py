@@ -1,77 +1,36 @@
 """IDDPG: DDPG (Lillicrap et al. 2016) for each agent, as in MADDPG; results: results/simple_spread_v3/iddpg.json"""
 
 import copy
-import json
 import os
-import signal
-import sys
-import time
-from dataclasses import asdict, dataclass
-from typing import Annotated
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
-import envs
-from buffers import BufferInputError, PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from runtime import (
+    MultiAgentArgs,
+    Run,
+    check_action_flags,
+    check_args,
+    check_groups,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    setup,
+)
 
 ALGO = "iddpg"
 
 
 @dataclass
-class Args:
-    # --- shared flags (every script) ---
-    env_id: Annotated[str, tyro.conf.arg(aliases=("--env",))] = "simple_spread_v3"
-    """environment id (see envs.known_ids()) or 'module:function'; --env is an alias"""
-    seed: int = 1
-    """seed of numpy, torch and the envs"""
-    total_timesteps: int = 10_000_000
-    """env steps, summed over all envs"""
-    num_envs: int = 128
-    """parallel training envs (128: one actor forward and one env call per 128 transitions)"""
-    backend: str = "auto"
-    """env backend: 'numba' (compiled MPE), 'pettingzoo', or 'auto' (numba for MPE ids when available)"""
-    vector: str = "sync"
-    """PettingZoo vectorization: 'sync' or 'subproc'"""
+class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
     continuous_actions: bool = True
     """continuous (Box) MPE actions, as in published MPE baselines; --no-continuous-actions: discrete, Gumbel-softmax"""
-    max_cycles: int | None = None
-    """episode length limit passed to the env (default: the env's own)"""
-    map_size: int | None = None
-    """MAgent2 map size (default: the env's own)"""
-    env_kwargs: str = "{}"
-    """further env keyword arguments as JSON, e.g. '{"N": 5}'"""
-    cuda: bool = False
-    """train on CUDA (an error if no device is available)"""
-    torch_deterministic: bool = True
-    """torch.backends.cudnn.deterministic"""
-    torch_threads: int = 1
-    """torch CPU threads (0: torch's default); 1 is fastest for small networks beside the envs"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "flashmarl"
-    wandb_entity: str | None = None
-    capture_video: bool = False
-    """record a greedy episode at each evaluation (or with --eval-checkpoint)"""
-    save_model: bool = True
-    """write last.pt at the end and best.pt at each best evaluation (Ctrl-C always writes last.pt)"""
     save_buffer: bool = True
     """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
-    eval_interval: int = 100_000
-    """env steps between greedy evaluations (0: only at the end)"""
-    eval_episodes: int = 10
-    """episodes per evaluation"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint greedily and exit"""
-    resume: str | None = None
-    """continue the run in this directory from its last.pt (and replay.npz, the replay buffer at Ctrl-C)"""
-    run_dir: str | None = None
-    """where to write (default runs/<env>__iddpg__<seed>__<time>)"""
 
     # --- IDDPG (defaults: MADDPG's MPE settings, tuned for 10M steps of simple_spread; same as maddpg.py) ---
     buffer_size: int = 100_000
@@ -106,8 +65,6 @@ class Args:
     share_params: bool = True
     """one actor and one critic per group, fed an agent-id one-hot (as XuanCe); --no-share-params: one per agent,
     as in the MADDPG paper"""
-    random_groups: tuple[str, ...] = ()
-    """groups frozen to a uniformly random policy, e.g. adversary (every other group learns)"""
     prioritized: bool = False
     """prioritized replay (Schaul et al. 2016) by the TD error, averaged over the learning agents"""
     prioritized_replay_alpha: float = 0.6
@@ -213,6 +170,87 @@ def act(actors, obs, device, args, explore=True, uniform=False):
     return actions
 
 
+NETWORK_FLAGS = ("hidden_size", "share_params", "random_groups")  # what the weights depend on
+
+
+def main(args):
+    check_args(args)
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    learners = check_groups(args, env)
+    check_action_flags(args, env, continuous_only=("exploration_noise",), discrete_only=("gumbel_temperature",))
+    actors = nn.ModuleDict({g: Actor(spec, args) for g, spec in env.groups.items()}).to(device)
+    critic_dims = {g: int(np.prod(env.groups[g].obs_shape)) + env.groups[g].action_dim for g in learners}
+    critics = nn.ModuleDict({g: Critic(env.groups[g], critic_dims[g], args) for g in learners}).to(device)
+    actor_targets, critic_targets = copy.deepcopy(actors), copy.deepcopy(critics)
+    nets = dict(actors=actors, critics=critics, actor_targets=actor_targets, critic_targets=critic_targets)
+    make_greedy = lambda n, rng: lambda obs, done: act(actors, obs, device, args, explore=False)  # noqa: E731
+    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+
+    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
+    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
+    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
+                                             fused=fused),
+                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
+    fields = replay_fields({g: env.groups[g] for g in learners})
+    per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
+    rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
+    save_replay = lambda: rb.save(os.path.join(run.dir, "replay.npz")) if args.save_buffer else None  # noqa: E731
+    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, save_replay)
+    writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
+    replay_file = os.path.join(run.dir, "replay.npz")
+    if args.resume and os.path.exists(replay_file):
+        rb.load(replay_file)
+        print(f"resumed with the {len(rb)} transitions of {replay_file}")
+    elif args.resume:
+        print(f"{replay_file} does not exist: the replay buffer refills for {args.learning_starts} steps")
+    learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
+    next_log, losses = global_step + args.log_interval, {}
+    obs = env.reset()
+    with run:
+        while global_step < args.total_timesteps:
+            # ACT: uniformly random until --learning-starts, then mu(o) plus exploration noise
+            with torch.no_grad():
+                actions = act(actors, obs, device, args, uniform=global_step < args.learning_starts)
+            # STEP
+            step = env.step(actions)
+            global_step += args.num_envs
+            # STORE: the next observation is step.final (the pre-reset one where an episode ended)
+            rb.add(**transition(obs, actions, step, learners))
+            run.log_episodes(step.episodes, global_step)
+            obs = step.next
+
+            # UPDATE: --gradient-steps updates per --train-frequency env steps
+            rounds = global_step // args.train_frequency - (global_step - args.num_envs) // args.train_frequency
+            if len(rb) >= learning_starts:
+                beta0 = args.prioritized_replay_beta  # annealed linearly to 1
+                beta = beta0 + (1 - beta0) * min(1, global_step / args.total_timesteps)
+                for _ in range(rounds * args.gradient_steps):
+                    sample = rb.sample(args.batch_size, rng, **({"beta": beta} if args.prioritized else {}))
+                    new_losses, td = update(to_torch(sample, device), nets, optimizers, args, learners)
+                    losses, num_updates = losses | new_losses, num_updates + 1
+                    if args.prioritized:
+                        rb.update_priorities(sample["indices"], td.cpu().numpy())
+
+            # LOG
+            if global_step >= next_log or global_step >= args.total_timesteps:
+                next_log += args.log_interval
+                writer.add_scalar("charts/SPS", run.sps(), global_step)
+                for k, v in losses.items():  # the latest update's: the mean over agents, then per group
+                    writer.add_scalar(f"losses/{k}", v.item(), global_step)
+                if losses and args.prioritized:
+                    writer.add_scalar("charts/beta", beta, global_step)
+            run.step(global_step, num_updates=num_updates)  # EVAL, checkpoints, and where Ctrl-C stops the run
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the IDDPG update and the replay declaration ---
+
+
 def critic_input(obs, actions):
     """The input of a group's critics, (A, B, D): each agent's own observation and action, nothing of the others'."""
     return torch.cat([obs.flatten(2), actions], -1).transpose(0, 1)
@@ -286,91 +324,6 @@ def update(b, nets, optimizers, args, learners):
     return losses, td / sum(actors[g].spec.n_agents for g in learners)
 
 
-def env_kwargs(args):
-    try:
-        kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--env-kwargs is not valid JSON ({e}); use e.g. '{{\"N\": 5}}'") from None
-    flags = dict(continuous_actions=args.continuous_actions or None, max_cycles=args.max_cycles, map_size=args.map_size)
-    return kwargs | {k: v for k, v in flags.items() if v is not None}
-
-
-def make_env(args, num_envs, seed, backend, vector):
-    try:
-        return envs.make(args.env_id, num_envs, seed, vector=vector, backend=backend, **env_kwargs(args))
-    except envs.EnvArgumentError as e:  # the usual case: an env without a continuous_actions argument
-        if not (args.continuous_actions and "continuous_actions" in str(e)):
-            raise
-        raise ValueError(f"{args.env_id} has no continuous actions ({e}); use --no-continuous-actions") from None
-
-
-def evaluate(actors, args, device, seed, video_path=None):
-    """Greedy episodes on the standard PettingZoo env, one per env (so short episodes are not favoured)."""
-    n = args.eval_episodes
-    env = make_env(args, n, seed, "pettingzoo", "sync")
-    obs, returns, group_returns = env.reset(), [None] * n, {}
-    greedy = lambda o: act(actors, o, device, args, explore=False)  # noqa: E731
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # --random-groups draw from their own stream
-        torch.manual_seed(seed)
-        while any(r is None for r in returns):
-            step = env.step(greedy(obs))
-            for ep in step.episodes:
-                if returns[ep.env_index] is None:
-                    returns[ep.env_index] = ep.episode_return
-                    for g, r in ep.group_returns.items():
-                        group_returns.setdefault(g, []).append(r)
-            obs = step.next
-        env.close()
-        if video_path is not None:
-            envs.record_episode(args.env_id, greedy, video_path, seed=seed, **env_kwargs(args))
-    return np.array(returns), {g: float(np.mean(r)) for g, r in group_returns.items()}
-
-
-def env_signature(env):
-    """What a checkpoint must match: groups, agent counts, observation, action and state spaces."""
-    sig = {g: [s.n_agents, list(s.obs_shape), s.discrete, s.action_dim] for g, s in env.groups.items()}
-    return sig | {"state_shape": list(env.state_shape)}
-
-
-def save_checkpoint(path, nets, optimizers, args, signature, global_step, num_updates, rng, best_eval):
-    """Everything --resume needs but the replay buffer, in types that torch.load(weights_only=True) accepts."""
-    ckpt = dict(algo=ALGO, env_id=args.env_id, signature=signature, args=json.loads(json.dumps(asdict(args))),
-                nets={k: m.state_dict() for k, m in nets.items()},
-                optimizers={k: o.state_dict() for k, o in optimizers.items()},
-                global_step=global_step, best_eval=float(best_eval), num_updates=num_updates,
-                rng={"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state})  # fmt: skip
-    torch.save(ckpt, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)  # never leave a half-written checkpoint behind
-
-
-def load_checkpoint(path, args, signature, nets, names):
-    """Load the networks `names` of `nets` from a checkpoint of this algorithm on the same spaces."""
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for a damaged file
-        raise ValueError(
-            f"checkpoint {path} is unreadable (corrupt or not a torch file): {e}".splitlines()[0]
-        ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("algo") != ALGO:
-        raise ValueError(f"checkpoint {path} is not a {ALGO} checkpoint")
-    if ckpt["env_id"] != args.env_id or ckpt["signature"] != signature:
-        raise ValueError(
-            f"checkpoint {path} was trained on {ckpt['env_id']} with spaces {ckpt['signature']}, which do not "
-            f"match {args.env_id} with {signature}: pass the same --env-id and env flags"
-        )
-    try:
-        for k in names:
-            nets[k].load_state_dict(ckpt["nets"][k])
-    except (RuntimeError, KeyError) as e:
-        raise ValueError(
-            f"checkpoint {path} holds other networks than these flags build (--hidden-size, --share-params, "
-            f"--random-groups): {' '.join(str(e).split())[:300]}"
-        ) from None
-    return ckpt
-
-
 def replay_fields(groups):
     """One transition of every learning agent, declared once: name -> (per-env shape, dtype)."""
     fields = {}
@@ -393,176 +346,5 @@ def transition(obs, actions, step, learners):
     return {f"{k}_{g}": v[g] for k, v in sources.items() for g in learners if g in v}
 
 
-def main(args):
-    if args.cuda and not torch.cuda.is_available():
-        raise ValueError("--cuda was given but no CUDA device is available: drop --cuda to train on the CPU")
-    device = torch.device("cuda" if args.cuda else "cpu")
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-
-    # seeding, envs, networks
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng(args.seed)
-    env = make_env(args, args.num_envs, args.seed, args.backend, args.vector)
-    signature = env_signature(env)
-    if unknown := [g for g in args.random_groups if g not in env.groups]:
-        raise ValueError(f"--random-groups {unknown}: {args.env_id} has the groups {list(env.groups)}")
-    learners = [g for g in env.groups if g not in args.random_groups]
-    if not learners:
-        raise ValueError(f"--random-groups freezes every group of {args.env_id}: nothing would learn")
-    actors = nn.ModuleDict({g: Actor(spec, args) for g, spec in env.groups.items()}).to(device)
-    critic_dims = {g: int(np.prod(env.groups[g].obs_shape)) + env.groups[g].action_dim for g in learners}
-    critics = nn.ModuleDict({g: Critic(env.groups[g], critic_dims[g], args) for g in learners}).to(device)
-    actor_targets, critic_targets = copy.deepcopy(actors), copy.deepcopy(critics)
-    nets = dict(actors=actors, critics=critics, actor_targets=actor_targets, critic_targets=critic_targets)
-
-    if args.eval_checkpoint:
-        load_checkpoint(args.eval_checkpoint, args, signature, nets, ["actors"])
-        video = os.path.join(os.path.dirname(args.eval_checkpoint), "eval.mp4") if args.capture_video else None
-        returns, per_group = evaluate(actors, args, device, args.seed + 10_000, video)
-        print(f"{args.env_id} {ALGO} {args.eval_checkpoint}: episodic return {returns.mean():.2f} ± "
-              f"{returns.std():.2f} over {len(returns)} greedy episodes; per group {per_group}"
-              + (f"; video {video}" if video else ""))  # fmt: skip
-        return
-
-    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
-    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
-    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
-                                             fused=fused),
-                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
-    if args.batch_size > args.buffer_size:
-        raise ValueError(f"--batch-size {args.batch_size} exceeds --buffer-size {args.buffer_size}")
-    global_step, num_updates = 0, 0
-    if args.resume:  # same weights, targets, optimizer moments, counters and RNG; the replay buffer below
-        run_dir = args.resume
-        ckpt = load_checkpoint(os.path.join(run_dir, "last.pt"), args, signature, nets, nets)
-        for k, opt in optimizers.items():
-            opt.load_state_dict(ckpt["optimizers"][k])
-        global_step, num_updates = ckpt["global_step"], ckpt["num_updates"]
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        rng.bit_generator.state = ckpt["rng"]["numpy"]
-    else:
-        run_dir = args.run_dir or f"runs/{args.env_id}__{ALGO}__{args.seed}__{int(time.time())}"
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(asdict(args) | {"env_class": type(env).__name__}, f, indent=2)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                   name=os.path.basename(run_dir), sync_tensorboard=True)  # fmt: skip
-    writer = SummaryWriter(run_dir)
-    fields = replay_fields({g: env.groups[g] for g in learners})
-    per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
-    rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
-    replay_file = os.path.join(run_dir, "replay.npz")
-    if args.resume and os.path.exists(replay_file):
-        rb.load(replay_file)
-        print(f"resumed with the {len(rb)} transitions of {replay_file}")
-    elif args.resume:
-        print(f"{replay_file} does not exist: the replay buffer refills for {args.learning_starts} steps")
-    learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
-
-    def checkpoint(name, step, best):
-        if args.save_model or name == "last.pt":
-            path = os.path.join(run_dir, name)
-            save_checkpoint(path, nets, optimizers, args, signature, step, num_updates, rng, best)
-
-    def run_eval(step, best):
-        """Greedy evaluation on the standard env; keeps best.pt and an optional video."""
-        video = os.path.join(run_dir, "videos", f"step_{step}.mp4") if args.capture_video else None
-        returns, per_group = evaluate(actors, args, device, args.seed + 10_000, video)
-        writer.add_scalar("eval/episodic_return", returns.mean(), step)
-        for g, r in per_group.items():
-            writer.add_scalar(f"eval/episodic_return/{g}", r, step)
-        if returns.mean() > best:
-            checkpoint("best.pt", step, returns.mean())
-        return float(returns.mean()), max(best, float(returns.mean()))
-
-    next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
-    next_log = global_step + args.log_interval
-    best_eval = ckpt.get("best_eval", -np.inf) if args.resume else -np.inf  # a resumed run keeps best.pt
-    last_eval, last_eval_step, losses = float("nan"), -1, {}
-    obs = env.reset()
-    start_time, start_step = time.time(), global_step
-    bar = tqdm(total=args.total_timesteps, initial=global_step, unit="step", dynamic_ncols=True)
-    try:
-        while global_step < args.total_timesteps:
-            # ACT: uniformly random until --learning-starts, then mu(o) plus exploration noise
-            with torch.no_grad():
-                actions = act(actors, obs, device, args, uniform=global_step < args.learning_starts)
-            # STEP
-            step = env.step(actions)
-            global_step += args.num_envs
-            # STORE: the next observation is step.final (the pre-reset one where an episode ended)
-            rb.add(**transition(obs, actions, step, learners))
-            if eps := step.episodes:  # one point per step: the mean over the episodes that just finished
-                writer.add_scalar("charts/episodic_return", np.mean([e.episode_return for e in eps]), global_step)
-                writer.add_scalar("charts/episodic_length", np.mean([e.length for e in eps]), global_step)
-                for g in eps[0].group_returns:
-                    r = np.mean([e.group_returns[g] for e in eps])
-                    writer.add_scalar(f"charts/episodic_return/{g}", r, global_step)
-            obs = step.next
-
-            # UPDATE: --gradient-steps updates per --train-frequency env steps
-            rounds = global_step // args.train_frequency - (global_step - args.num_envs) // args.train_frequency
-            if len(rb) >= learning_starts:
-                beta0 = args.prioritized_replay_beta  # annealed linearly to 1
-                beta = beta0 + (1 - beta0) * min(1, global_step / args.total_timesteps)
-                for _ in range(rounds * args.gradient_steps):
-                    sample = rb.sample(args.batch_size, rng, **({"beta": beta} if args.prioritized else {}))
-                    new_losses, td = update(to_torch(sample, device), nets, optimizers, args, learners)
-                    losses, num_updates = losses | new_losses, num_updates + 1
-                    if args.prioritized:
-                        rb.update_priorities(sample["indices"], td.cpu().numpy())
-
-            # LOG
-            if global_step >= next_log or global_step >= args.total_timesteps:
-                next_log += args.log_interval
-                sps = int((global_step - start_step) / (time.time() - start_time))
-                writer.add_scalar("charts/SPS", sps, global_step)
-                for k, v in losses.items():  # the latest update's: the mean over agents, then per group
-                    writer.add_scalar(f"losses/{k}", v.item(), global_step)
-                if losses and args.prioritized:
-                    writer.add_scalar("charts/beta", beta, global_step)
-                bar.update(global_step - bar.n)
-                bar.set_postfix(SPS=sps, eval=f"{last_eval:.2f}")
-
-            # EVAL
-            if next_eval is not None and global_step >= next_eval:
-                next_eval += args.eval_interval
-                last_eval, best_eval = run_eval(global_step, best_eval)
-                last_eval_step = global_step
-    except (KeyboardInterrupt, FloatingPointError) as e:
-        bar.close()
-        checkpoint("last.pt", global_step, best_eval)
-        if args.save_buffer:
-            rb.save(replay_file)
-        writer.close()
-        if isinstance(e, FloatingPointError):
-            raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (no step was taken on that loss)") from None
-        print(f"interrupted at step {global_step}: saved {run_dir}/last.pt; continue with --resume {run_dir}")
-        sys.exit(130)
-    bar.close()
-
-    if last_eval_step != global_step:
-        last_eval, best_eval = run_eval(global_step, best_eval)
-    checkpoint("last.pt", global_step, best_eval)
-    writer.close()
-    env.close()
-    open(os.path.join(run_dir, "DONE"), "w").close()
-    print(f"done: {global_step} steps, final greedy return {last_eval:.2f} (best {best_eval:.2f}); run dir {run_dir}")
-
-
 if __name__ == "__main__":
-    # Ctrl-C, kill -INT and SIGTERM (kill, a cluster's preemption) all save last.pt, also in a background job,
-    # which starts with SIGINT ignored (Python then installs no KeyboardInterrupt handler of its own)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    args = tyro.cli(Args)
-    try:
-        main(args)
-    except (ValueError, ImportError, BufferInputError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli(Args, main)

@@ -149,12 +149,18 @@ def _jsonable(value):
 
 
 def restore(ckpt: dict, path: str, nets: dict, optimizers: dict | None = None, rng=None) -> None:
-    """Load the state dicts of `nets` (name -> module), and of `optimizers` and `rng` when given."""
+    """Load the state dicts of `nets` (name -> module), and of `optimizers` and `rng` when given.
+
+    An optimizer keeps the hyperparameters it was built with (the flags: --resume --learning-rate <lower> lowers it)
+    and takes its moments and step counts from the checkpoint."""
     try:
         for name, module in nets.items():
             module.load_state_dict(ckpt["nets"][name])
-        for name, opt in (optimizers or {}).items():
+        for name, opt in (optimizers or {}).items():  # moments from the checkpoint, hyperparameters from the flags
+            hyper = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
             opt.load_state_dict(ckpt["optimizers"][name])
+            for group, h in zip(opt.param_groups, hyper, strict=True):
+                group.update(h)
         if rng is not None:
             torch.set_rng_state(ckpt["rng"]["torch"])
             rng.bit_generator.state = ckpt["rng"]["numpy"]

@@ -128,7 +128,7 @@ class Run:
         if isinstance(error, FloatingPointError):  # nothing is written: last.pt holds the last sound state
             self.close()
             where = f"{self.dir}/last.pt holds step {self.saved_step}, the last checkpoint before it"
-            raise FloatingPointError(f"{error}; {where}: continue with --resume {self.dir} --learning-rate <lower>")
+            raise FloatingPointError(f"{error}; {where}: continue with --resume {self.dir} and a lower learning rate")
         if error is not None and not isinstance(error, RunStopped):
             self.close()
         return False
@@ -248,6 +248,9 @@ class Run:
     def close(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.lock is not None:  # another run may now take the directory (also one in this process)
+            os.close(self.lock)
+            self.lock = None
         self.bar.close()
         self.writer.close()
         if self.args.track:

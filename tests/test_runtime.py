@@ -246,7 +246,7 @@ def test_resume_takes_the_checkpoints_flags_and_refuses_another_num_envs(tmp_pat
 def test_a_diverging_run_leaves_a_finite_last_checkpoint_that_resumes(tmp_path):
     proc = mappo("--total-timesteps", 2000, "--learning-rate", 1e6, "--run-dir", tmp_path, check=False)
     line = error_line(proc)
-    assert "the loss became" in line and f"--resume {tmp_path} --learning-rate <lower>" in line
+    assert "the loss became" in line and f"--resume {tmp_path} and a lower learning rate" in line
     last = weights(tmp_path / "last.pt")
     assert all(torch.isfinite(v).all() for sd in last["nets"].values() for v in sd.values() if v.is_floating_point())
     mappo("--resume", tmp_path, "--learning-rate", 1e-4)
@@ -303,3 +303,19 @@ def test_a_flag_for_the_other_kind_of_actions_is_refused():
         check_action_flags(DDPGFlags(exploration_noise=0.3), discrete, ("exploration_noise",))
     with pytest.raises(ArgumentError, match="--gumbel-temperature applies to discrete actions only"):
         check_action_flags(DDPGFlags(gumbel_temperature=0.5), continuous, (), ("gumbel_temperature",))
+
+
+def test_restore_takes_the_moments_from_the_checkpoint_and_the_learning_rate_from_the_flags(tmp_path):
+    from runtime import restore
+
+    net = torch.nn.Linear(3, 2)
+    diverging = torch.optim.Adam(net.parameters(), lr=1e30)
+    net(torch.ones(1, 3)).sum().backward()
+    diverging.step()
+    ckpt = checkpoint(nets={"net": net.state_dict()}, optimizers={"opt": diverging.state_dict()})
+    lower = torch.optim.Adam(net.parameters(), lr=1e-3)
+    restore(ckpt, "last.pt", {"net": net}, {"opt": lower})
+    assert lower.param_groups[0]["lr"] == 1e-3  # --resume --learning-rate <lower> is obeyed
+    assert all(int(s["step"]) == 1 for s in lower.state.values())  # the Adam moments came back
+    with pytest.raises(CheckpointError, match="other networks or states"):
+        restore(ckpt, "last.pt", {"net": torch.nn.Linear(4, 2)})
