@@ -1,13 +1,6 @@
 """PPO (Schulman et al. 2017, arXiv:1707.06347); results: results/CartPole-v1/ppo.json"""
 
-import copy
-import json
-import os
-import random
-import signal
-import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import gymnasium as gym
@@ -16,52 +9,24 @@ import torch
 import torch.nn as nn
 import tyro
 from torch.distributions import Categorical, Normal
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
-import envs
-from buffers import BufferInputError, RolloutBuffer, to_torch
+from buffers import RolloutBuffer, to_torch
+from runtime import Run, RunArgs, check_args, cli, evaluate_checkpoint, setup
+from runtime.args import make_gym_env
 
 ALGO = "ppo"
 
 
 @dataclass
-class Args:
-    # --- shared flags (every script) ---
+class Args(RunArgs):  # --seed, --cuda, evaluation, checkpoints, --resume: runtime/args.py
     env_id: Annotated[str, tyro.conf.arg(aliases=("--env",))] = "CartPole-v1"
     """Gymnasium id with Discrete or Box actions (e.g. CartPole-v1, Pendulum-v1); --env is an alias"""
-    seed: int = 1
-    """seed of numpy, torch and the envs"""
     total_timesteps: int = 500_000
     """env steps, summed over all envs"""
     num_envs: int = 4
     """parallel training envs"""
-    cuda: bool = False
-    """train on CUDA (an error if no device is available)"""
-    torch_deterministic: bool = True
-    """torch.backends.cudnn.deterministic"""
-    torch_threads: int = 1
-    """torch CPU threads (0: torch's default); 1 is fastest for small networks beside the envs"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "flashmarl"
-    """Weights & Biases project (with --track)"""
-    wandb_entity: str | None = None
-    """Weights & Biases team or user (with --track)"""
-    capture_video: bool = False
-    """film the first greedy episode of each evaluation (or of --eval-checkpoint)"""
-    save_model: bool = True
-    """write last.pt at the end and best.pt at each best evaluation (Ctrl-C always writes last.pt)"""
     eval_interval: int = 10_000
-    """env steps between greedy evaluations (0: only at the end)"""
-    eval_episodes: int = 10
-    """episodes per evaluation"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint greedily and exit"""
-    resume: str | None = None
-    """continue the run in this run directory from its last.pt"""
-    run_dir: str | None = None
-    """where to write (default runs/<env>__ppo__<seed>__<time>)"""
+    """env steps between greedy evaluations on fresh episodes (0: only at the end)"""
 
     # --- PPO (defaults: CleanRL's ppo.py for CartPole). For Box actions CleanRL's ppo_continuous_action.py
     # uses --learning-rate 3e-4 --num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10
@@ -184,74 +149,93 @@ def to_env(action, space):
     return a if isinstance(space, gym.spaces.Discrete) else np.clip(a, space.low, space.high).astype(space.dtype)
 
 
-def make_env(env_id, num_envs, seed, **kwargs):
-    """envs.make_gym, with Gymnasium's registry errors turned into one clear message."""
-    try:
-        return envs.make_gym(env_id, num_envs, seed, **kwargs)
-    except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv) as e:
-        raise ValueError(f"unknown env id {env_id!r}: {e} (any registered Gymnasium id, e.g. CartPole-v1)") from None
-    except gym.error.DependencyNotInstalled as e:
-        raise ImportError(f"{env_id} needs an extra package: {e}") from None
+NETWORK_FLAGS = ("hidden_size",)  # what a checkpoint's weights depend on (--norm-obs travels as a buffer)
 
 
-def evaluate(agent, args, device, seed, video_dir=None):
-    """Greedy episodes on separate envs, one per env (so short episodes are not favoured)."""
-    n = args.eval_episodes
-    env = make_env(args.env_id, n, seed, capture_video=video_dir is not None, run_dir=video_dir)
-    obs, _ = env.reset()
-    returns = np.full(n, np.nan)
-    with torch.no_grad():
-        while np.isnan(returns).any():
-            action = agent.get_action_and_value(agent.preprocess(obs, device), greedy=True)[0]
-            obs, _, _, _, infos = env.step(to_env(action, env.single_action_space))
-            if "_episode" in infos:
-                first = infos["_episode"] & np.isnan(returns)
-                returns[first] = infos["episode"]["r"][first]
+def main(args):
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
+    check_args(args, (args.minibatch_size >= 1, f"--num-minibatches {args.num_minibatches} exceeds the rollout's "
+                      f"{args.batch_size} samples (--num-envs x --num-steps)"),
+               (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
+                f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    device, rng = setup(args)
+    env = make_gym_env(args, args.num_envs, args.seed)
+    action_space = env.single_action_space
+    agent = Agent(int(np.prod(env.single_observation_space.shape)), action_space, args).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    greedy = lambda obs, done: to_env(agent.get_action_and_value(agent.preprocess(obs, device), greedy=True)[0],  # noqa: E731
+                                      action_space)  # fmt: skip
+    make_greedy, eval_env = lambda n, rng: greedy, lambda n, seed: make_gym_env(args, n, seed)  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, {"agent": agent}, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+    run = Run(args, ALGO, env, {"agent": agent}, {"agent": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",),
+              eval_env)  # fmt: skip
+    writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    rb = RolloutBuffer(args.num_steps, args.num_envs, {
+        "obs": ((int(np.prod(env.single_observation_space.shape)),), np.float32),  # preprocessed, as the nets see it
+        "actions": ((), np.int64) if discrete else (action_space.shape, np.float32),  # unclipped samples
+        "logprobs": ((), np.float32),
+        "values": ((), np.float32),
+        "rewards": ((), np.float32),
+        "terminated": ((), np.bool_),
+        "truncated": ((), np.bool_),
+        "final_values": ((), np.float32),  # V(final observation) where an episode was truncated
+    })  # fmt: skip
+    raw_obs, _ = env.reset()
+    obs = agent.preprocess(raw_obs, device, update=True)
+    discounted = np.zeros(args.num_envs)  # running discounted return, for --norm-reward
+    with run:
+        for iteration in range(start, args.num_iterations + 1):
+            lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
+            optimizer.param_groups[0]["lr"] = lr
+
+            for _ in range(args.num_steps):
+                # ACT
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(obs)
+                # STEP
+                raw_obs, rewards, terminated, truncated, infos = env.step(to_env(action, action_space))
+                global_step += args.num_envs
+                if args.norm_reward:  # Gymnasium's NormalizeReward, restarted at every episode end
+                    discounted = discounted * args.gamma + rewards
+                    agent.return_rms.update(torch.as_tensor(discounted))
+                    rewards = np.clip(rewards / np.sqrt(agent.return_rms.var.item() + 1e-8), -10, 10)
+                    discounted[terminated | truncated] = 0.0
+                # STORE: a truncated episode bootstraps from V(final observation), not the next episode's first
+                final_values = np.zeros(args.num_envs, dtype=np.float32)
+                if cut := np.flatnonzero(truncated & infos.get("_final_obs", False)).tolist():
+                    final = np.stack([infos["final_obs"][i] for i in cut])
+                    with torch.no_grad():
+                        final_values[cut] = agent.get_value(agent.preprocess(final, device)).cpu().numpy()
+                rb.add(obs=obs.cpu().numpy(), actions=action.cpu().numpy(), logprobs=logprob.cpu().numpy(),
+                       values=value.cpu().numpy(), rewards=rewards, terminated=terminated, truncated=truncated,
+                       final_values=final_values)  # fmt: skip
+                run.log_episodes(infos, global_step)
+                obs = agent.preprocess(raw_obs, device, update=True)
+
+            # TARGETS: GAE (Schulman et al. 2016) over the rollout
+            with torch.no_grad():
+                last_values = agent.get_value(obs).cpu().numpy()
+            rb.compute_gae(last_values, args.gamma, args.gae_lambda)
+            # UPDATE
+            losses = update(agent, optimizer, rb, args, device, rng)
+            rb.reset()
+
+            # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
+            for k, v in losses.items():
+                writer.add_scalar(f"losses/{k}", v, global_step)
+            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/learning_rate", lr, global_step)
+            run.step(global_step, iteration=iteration)
+    run.finish()
     env.close()
-    return returns
 
 
-def env_signature(env, env_id):
-    """What a checkpoint must match: the observation shape and the action space."""
-    space = env.single_action_space
-    if isinstance(space, gym.spaces.Discrete):
-        action = ["discrete", int(space.n)]
-    elif isinstance(space, gym.spaces.Box):
-        action = ["box", list(space.shape), space.low.tolist(), space.high.tolist()]
-    else:
-        raise ValueError(f"ppo.py supports Discrete and Box action spaces, but {env_id} has {space}")
-    return {"obs_shape": list(env.single_observation_space.shape), "action_space": action}
-
-
-def save_checkpoint(path, agent, optimizer, args, signature, global_step, iteration, rng, best_eval):
-    """Everything --resume needs, in types that torch.load(weights_only=True) accepts."""
-    rngs = {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
-    ckpt = dict(algo=ALGO, env_id=args.env_id, signature=signature, args=json.loads(json.dumps(asdict(args))),
-                agent=agent.state_dict(), optimizer=optimizer.state_dict(), global_step=global_step,
-                best_eval=float(best_eval), iteration=iteration, rng=rngs)  # fmt: skip
-    torch.save(ckpt, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)  # never leave a half-written checkpoint behind
-
-
-def load_checkpoint(path, args, signature):
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for a damaged file
-        raise ValueError(
-            f"checkpoint {path} is unreadable (corrupt or not a torch file): {e}".splitlines()[0]
-        ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("algo") != ALGO:
-        raise ValueError(f"checkpoint {path} is not a {ALGO} checkpoint")
-    if ckpt["env_id"] != args.env_id or ckpt["signature"] != signature:
-        raise ValueError(
-            f"checkpoint {path} was trained on {ckpt['env_id']} with spaces {ckpt['signature']}, which do not "
-            f"match {args.env_id} with {signature}: pass the same --env-id"
-        )
-    if ckpt["args"]["hidden_size"] != args.hidden_size:
-        raise ValueError(f"checkpoint {path} was trained with --hidden-size {ckpt['args']['hidden_size']}: pass it")
-    return ckpt
+# --- what the loop calls: the PPO update ---
 
 
 def update(agent, optimizer, rb, args, device, rng):
@@ -295,178 +279,5 @@ def update(agent, optimizer, rb, args, device, rng):
                 clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
 
 
-def main(args):
-    if args.cuda and not torch.cuda.is_available():
-        raise ValueError("--cuda was given but no CUDA device is available: drop --cuda to train on the CPU")
-    device = torch.device("cuda" if args.cuda else "cpu")
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-
-    # seeding, envs, networks
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng(args.seed)
-    env = make_env(args.env_id, args.num_envs, args.seed)
-    signature = env_signature(env, args.env_id)
-    action_space = env.single_action_space
-    agent = Agent(int(np.prod(env.single_observation_space.shape)), action_space, args).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-
-    if args.eval_checkpoint:
-        agent.load_state_dict(load_checkpoint(args.eval_checkpoint, args, signature)["agent"])
-        video = os.path.join(os.path.dirname(args.eval_checkpoint), "eval") if args.capture_video else None
-        returns = evaluate(agent, args, device, args.seed + 10_000, video)
-        print(f"{args.env_id} {ALGO} {args.eval_checkpoint}: episodic return {returns.mean():.2f} ± "
-              f"{returns.std():.2f} over {len(returns)} greedy episodes"
-              + (f"; video in {video}/videos" if video else ""))  # fmt: skip
-        return
-
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    global_step, start_iteration = 0, 1
-    if args.resume:  # same weights, optimizer moments, step counter and RNG: the curve continues
-        run_dir = args.resume
-        ckpt = load_checkpoint(os.path.join(run_dir, "last.pt"), args, signature)
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        rng.bit_generator.state = ckpt["rng"]["numpy"]
-    else:
-        run_dir = args.run_dir or f"runs/{args.env_id}__{ALGO}__{args.seed}__{int(time.time())}"
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(asdict(args), f, indent=2)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=asdict(args),
-                   name=os.path.basename(run_dir), sync_tensorboard=True)  # fmt: skip
-    writer = SummaryWriter(run_dir)
-    discrete = isinstance(action_space, gym.spaces.Discrete)
-    rb = RolloutBuffer(args.num_steps, args.num_envs, {
-        "obs": ((int(np.prod(env.single_observation_space.shape)),), np.float32),  # preprocessed, as the nets see it
-        "actions": ((), np.int64) if discrete else (action_space.shape, np.float32),  # unclipped samples
-        "logprobs": ((), np.float32),
-        "values": ((), np.float32),
-        "rewards": ((), np.float32),
-        "terminated": ((), np.bool_),
-        "truncated": ((), np.bool_),
-        "final_values": ((), np.float32),  # V(final observation) where an episode was truncated
-    })  # fmt: skip
-
-    def checkpoint(name, step, it, best):
-        if args.save_model or name == "last.pt":
-            save_checkpoint(os.path.join(run_dir, name), agent, optimizer, args, signature, step, it, rng, best)
-
-    def run_eval(step, it, best):
-        """Greedy evaluation on separate envs; keeps best.pt and an optional video."""
-        video = os.path.join(run_dir, "eval", f"step_{step}") if args.capture_video else None
-        returns = evaluate(agent, args, device, args.seed + 10_000, video)
-        writer.add_scalar("eval/episodic_return", returns.mean(), step)
-        if returns.mean() > best:
-            checkpoint("best.pt", step, it, returns.mean())
-        return float(returns.mean()), max(best, float(returns.mean()))
-
-    next_eval = (global_step // args.eval_interval + 1) * args.eval_interval if args.eval_interval else None
-    best_eval = ckpt.get("best_eval", -np.inf) if args.resume else -np.inf  # a resumed run keeps best.pt
-    last_eval, last_eval_step = float("nan"), -1
-    raw_obs, _ = env.reset()
-    obs = agent.preprocess(raw_obs, device, update=True)
-    discounted = np.zeros(args.num_envs)  # running discounted return, for --norm-reward
-    start_time, start_step, iteration = time.time(), global_step, start_iteration - 1
-    finished, before_update = iteration, None  # the last finished update; weights while one runs
-    bar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
-            optimizer.param_groups[0]["lr"] = lr
-
-            for _ in range(args.num_steps):
-                # ACT
-                with torch.no_grad():
-                    action, logprob, _, value = agent.get_action_and_value(obs)
-                # STEP
-                raw_obs, rewards, terminated, truncated, infos = env.step(to_env(action, action_space))
-                global_step += args.num_envs
-                if args.norm_reward:  # Gymnasium's NormalizeReward, restarted at every episode end
-                    discounted = discounted * args.gamma + rewards
-                    agent.return_rms.update(torch.as_tensor(discounted))
-                    rewards = np.clip(rewards / np.sqrt(agent.return_rms.var.item() + 1e-8), -10, 10)
-                    discounted[terminated | truncated] = 0.0
-                # STORE: a truncated episode bootstraps from V(final observation), not the next episode's first
-                final_values = np.zeros(args.num_envs, dtype=np.float32)
-                if cut := np.flatnonzero(truncated & infos.get("_final_obs", False)).tolist():
-                    final = np.stack([infos["final_obs"][i] for i in cut])
-                    with torch.no_grad():
-                        final_values[cut] = agent.get_value(agent.preprocess(final, device)).cpu().numpy()
-                rb.add(obs=obs.cpu().numpy(), actions=action.cpu().numpy(), logprobs=logprob.cpu().numpy(),
-                       values=value.cpu().numpy(), rewards=rewards, terminated=terminated, truncated=truncated,
-                       final_values=final_values)  # fmt: skip
-                if "_episode" in infos:  # one point per step: the mean over the episodes that just finished
-                    done = infos["_episode"]
-                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][done].mean(), global_step)
-                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][done].mean(), global_step)
-                obs = agent.preprocess(raw_obs, device, update=True)
-
-            # TARGETS: GAE (Schulman et al. 2016) over the rollout (a stopped update is undone: see the except below)
-            before_update = copy.deepcopy((agent.state_dict(), optimizer.state_dict()))
-            with torch.no_grad():
-                last_values = agent.get_value(obs).cpu().numpy()
-            rb.compute_gae(last_values, args.gamma, args.gae_lambda)
-            # UPDATE
-            losses = update(agent, optimizer, rb, args, device, rng)
-            rb.reset()
-            finished, before_update = iteration, None
-
-            # LOG
-            for k, v in losses.items():
-                writer.add_scalar(f"losses/{k}", v, global_step)
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            bar.update(args.batch_size)
-            bar.set_postfix(SPS=sps, eval=f"{last_eval:.2f}")
-
-            # EVAL
-            if next_eval is not None and global_step >= next_eval:
-                next_eval += args.eval_interval
-                last_eval, best_eval = run_eval(global_step, iteration, best_eval)
-                last_eval_step = global_step
-    except (KeyboardInterrupt, FloatingPointError) as e:
-        # an unfinished iteration is dropped, and an update it stopped inside is undone (its weights may be
-        # diverging): last.pt holds the weights of the last finished update, which --resume goes on from
-        bar.close()
-        if before_update is not None:
-            agent.load_state_dict(before_update[0])
-            optimizer.load_state_dict(before_update[1])
-        checkpoint("last.pt", finished * args.batch_size, finished, best_eval)
-        writer.close()
-        if isinstance(e, FloatingPointError):
-            raise FloatingPointError(f"{e}; saved {run_dir}/last.pt (the weights before this update)") from None
-        print(f"interrupted at step {global_step}: saved {run_dir}/last.pt; continue with --resume {run_dir}")
-        sys.exit(130)
-    bar.close()
-
-    if last_eval_step != global_step:
-        last_eval, best_eval = run_eval(global_step, iteration, best_eval)
-    checkpoint("last.pt", global_step, iteration, best_eval)
-    writer.close()
-    env.close()
-    open(os.path.join(run_dir, "DONE"), "w").close()
-    print(f"done: {global_step} steps, final greedy return {last_eval:.2f} (best {best_eval:.2f}); run dir {run_dir}")
-
-
 if __name__ == "__main__":
-    # Ctrl-C, kill -INT and SIGTERM (kill, a cluster's preemption) all save last.pt, also in a background job,
-    # which starts with SIGINT ignored (Python then installs no KeyboardInterrupt handler of its own)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    args = tyro.cli(Args)
-    try:
-        main(args)
-    except (ValueError, ImportError, BufferInputError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli(Args, main)

@@ -110,9 +110,11 @@ def checkpoint_defaults(args_class, argv):
     elif path is None or not os.path.isfile(path):
         return None  # no checkpoint, or one that does not exist: check_args names it
     saved = read_checkpoint(path).get("args")
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"checkpoint {path} is malformed: its 'args' entry is missing")
+    if not isinstance(saved, dict):  # not one of ours, or damaged: the script's load names what is wrong
+        return None
     fields = {f.name for f in dataclasses.fields(args_class) if f.init}
+    if run_dir is None:  # an evaluation takes what the networks and the env need, not how the run was run
+        fields -= {"capture_video", "track", "eval_episodes", "final_eval_episodes", "cuda", "torch_threads"}
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
     kwargs.update(run_dir=None, resume=None, eval_checkpoint=None)  # the command line says where, and what to do
     return args_class(**kwargs)

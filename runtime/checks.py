@@ -12,8 +12,16 @@ from runtime.checkpoint import flag
 # flags that exist in several scripts, by what they must be (a script checks the ones it has)
 POSITIVE_INT = ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "eval_episodes",
                 "batch_size", "buffer_size", "train_frequency", "gradient_steps", "hidden_size", "rnn_chunk",
-                "log_interval", "target_network_frequency", "policy_frequency", "n_step", "seq_len")  # fmt: skip
-NON_NEGATIVE_INT = ("seed", "eval_interval", "final_eval_episodes", "learning_starts", "torch_threads", "burn_in")
+                "log_interval", "target_network_frequency", "policy_frequency", "n_step")  # fmt: skip
+NON_NEGATIVE_INT = (
+    "seed",
+    "eval_interval",
+    "final_eval_episodes",
+    "learning_starts",
+    "torch_threads",
+    "burn_in",
+    "seq_len",
+)
 POSITIVE = ("learning_rate", "actor_lr", "critic_lr", "q_lr", "max_grad_norm", "checkpoint_minutes", "clip_coef")
 NON_NEGATIVE = ("ent_coef", "vf_coef", "huber_delta", "exploration_noise", "policy_noise", "noise_clip",
                 "actor_reg", "target_policy_noise", "target_noise_clip")  # fmt: skip

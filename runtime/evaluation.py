@@ -136,5 +136,6 @@ def evaluate_checkpoint(args, algo, env, nets, make_env, make_greedy, network_fl
         record(args, make_env, make_greedy, video, FINAL_SEED)
     per_group = {g: float(np.mean(r)) for g, r in groups.items()}
     print(f"{args.env_id} {algo} {path}: episodic return {returns.mean():.2f} ± {returns.std():.2f} over "
-          f"{len(returns)} greedy episodes; per group {per_group}" + (f"; video {video}" if video else ""))  # fmt: skip
+          f"{len(returns)} greedy episodes" + (f"; per group {per_group}" if per_group else "")
+          + (f"; video {video}" if video else ""))  # fmt: skip
     return returns, per_group

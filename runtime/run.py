@@ -155,7 +155,15 @@ class Run:
         return int((self.global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
 
     def log_episodes(self, episodes, global_step: int) -> None:
-        """charts/episodic_return (mean over the episodes that just ended), per group, and the length."""
+        """charts/episodic_return (mean over the episodes that just ended), per group, and the length.
+
+        `episodes`: a StepResult's EpisodeStats list, or the `infos` of a Gymnasium vector env's step."""
+        if isinstance(episodes, dict):  # Gymnasium: the envs whose episode ended carry infos["episode"]
+            if "_episode" in episodes:
+                done, stats = episodes["_episode"], episodes["episode"]
+                self.writer.add_scalar("charts/episodic_return", stats["r"][done].mean(), global_step)
+                self.writer.add_scalar("charts/episodic_length", stats["l"][done].mean(), global_step)
+            return
         if not episodes:
             return
         self.writer.add_scalar("charts/episodic_return", np.mean([e.episode_return for e in episodes]), global_step)
