@@ -109,3 +109,45 @@ class VecEnv:
 
     def close(self) -> None:
         pass
+
+
+def check_actions(actions: dict, groups: dict[str, GroupSpec], num_envs: int) -> dict[str, np.ndarray]:
+    """The actions `step` takes, checked as every backend checks them; returns group -> array.
+
+    Per group: `(E, A)` integers in `[0, action_dim)` for discrete groups, `(E, A, d)` finite numbers for continuous
+    ones (which the backend then clips to the action bounds). Anything else raises ValueError naming the group, what
+    was given and what was expected. The cost is one or two reductions per group.
+    """
+    if not isinstance(actions, dict):
+        raise ValueError(f"actions must be a dict group -> array over the groups {list(groups)}")
+    if len(actions) != len(groups) and (extra := sorted(set(actions) - set(groups))):
+        raise ValueError(f"actions has unknown group(s) {extra}; the groups are {list(groups)}")
+    arrays = {}
+    for name, spec in groups.items():
+        if name not in actions:
+            raise ValueError(f"actions is missing group {name!r}; the groups are {list(groups)}")
+        a = actions[name]
+        a = a if isinstance(a, np.ndarray) else np.asarray(a)
+        if spec.discrete:
+            shape = (num_envs, spec.n_agents)
+            what = f"(num_envs, n_agents) = {shape} integers in [0, {spec.action_dim})"
+            if a.shape != shape or a.dtype.kind not in "iu":
+                got = f"shape {a.shape}" if a.shape != shape else f"dtype {a.dtype}"
+                raise ValueError(f"actions[{name!r}] has {got}; expected {what}")
+            # one reduction checks both ends: negative int64 values are huge as uint64
+            if a.dtype == np.int64:
+                bad = a.view(np.uint64).max() >= spec.action_dim
+            else:
+                bad = a.min() < 0 or a.max() >= spec.action_dim
+            if bad:
+                raise ValueError(f"actions[{name!r}] has values in [{a.min()}, {a.max()}]; expected {what}")
+        else:
+            shape = (num_envs, spec.n_agents, spec.action_dim)
+            what = f"(num_envs, n_agents, action_dim) = {shape} finite floats"
+            if a.shape != shape or a.dtype.kind not in "fiu":
+                got = f"shape {a.shape}" if a.shape != shape else f"dtype {a.dtype}"
+                raise ValueError(f"actions[{name!r}] has {got}; expected {what}")
+            if a.dtype.kind == "f" and not np.isfinite(a.sum()) and not np.isfinite(a).all():
+                raise ValueError(f"actions[{name!r}] holds NaN or infinite values; expected {what}")
+        arrays[name] = a
+    return arrays

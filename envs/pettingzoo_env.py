@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium import spaces
 
-from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv
+from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions
 
 _AGENT_SUFFIX = re.compile(r"_\d+$")
 _ALIGN = 64  # byte alignment of each array carved out of a shared block
@@ -489,7 +489,6 @@ class PettingZooVecEnv(VecEnv):
         self._buffers = buffers
         self._needs_reset = True
         self._closed = False
-        self._checks = self._action_checks()
 
     def _reset_envs(self, seed: int) -> None:
         raise NotImplementedError
@@ -542,48 +541,13 @@ class PettingZooVecEnv(VecEnv):
             episodes=episodes,
         )
 
-    def _action_checks(self) -> list:
-        """Per group: (name, spec, expected shape, what to say when it is wrong, the action buffer, and
-        its uint64 view for the range check)."""
-        checks = []
-        E = self.num_envs
-        for name, spec in self.groups.items():
-            if spec.discrete:
-                shape = (E, spec.n_agents)
-                what = f"(num_envs, n_agents) = {shape} integers in [0, {spec.action_dim})"
-            else:
-                shape = (E, spec.n_agents, spec.action_dim)
-                what = f"(num_envs, n_agents, action_dim) = {shape} floats"
-            buf = self._buffers.actions[name]
-            checks.append((name, spec, shape, what, buf, buf.view(np.uint64) if spec.discrete else None))
-        return checks
-
     def _write_actions(self, actions: dict[str, np.ndarray]) -> None:
-        """Check each group's actions and copy them into the action buffer."""
-        if not isinstance(actions, dict):
-            raise ValueError(f"actions must be a dict group -> array over the groups {list(self.groups)}")
-        if len(actions) != len(self.groups):
-            extra = sorted(set(actions) - set(self.groups))
-            if extra:
-                raise ValueError(f"actions has unknown group(s) {extra}; the groups are {list(self.groups)}")
-        for name, spec, shape, what, buf, buf_unsigned in self._checks:
-            if name not in actions:
-                raise ValueError(f"actions is missing group {name!r}; the groups are {list(self.groups)}")
-            a = np.asarray(actions[name])
-            if a.shape != shape:
-                raise ValueError(f"actions[{name!r}] has shape {a.shape}; expected {what}")
+        """Check each group's actions (envs.api.check_actions) and copy them into the action buffer."""
+        for name, a in check_actions(actions, self.groups, self.num_envs).items():
+            spec, buf = self.groups[name], self._buffers.actions[name]
             if spec.discrete:
-                if a.dtype.kind not in "iu":
-                    raise ValueError(f"actions[{name!r}] has dtype {a.dtype}; expected {what}")
                 buf[...] = a
-                # One reduction checks both ends: negative int64 values are huge as uint64.
-                if buf_unsigned.max() >= spec.action_dim:
-                    raise ValueError(
-                        f"actions[{name!r}] has values in [{a.min()}, {a.max()}]; expected {what} (group {name!r})"
-                    )
             else:
-                if a.dtype.kind not in "fiu":
-                    raise ValueError(f"actions[{name!r}] has dtype {a.dtype}; expected {what}")
                 np.clip(a, spec.action_low, spec.action_high, out=buf, casting="unsafe")
 
     def close(self) -> None:

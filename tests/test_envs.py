@@ -236,7 +236,7 @@ def test_mpe_continuous_actions(env_id):
     for g, spec in vec.groups.items():
         np.testing.assert_array_equal(vec._buffers.actions[g], np.clip(actions[g], spec.action_low, spec.action_high))
     if env_id == "simple_spread_v3":
-        with pytest.raises(ValueError, match=r"has shape \(2, 3\); expected .*\(2, 3, 5\) floats"):
+        with pytest.raises(ValueError, match=r"has shape \(2, 3\); expected .*\(2, 3, 5\) finite floats"):
             vec.step({"agent": np.zeros((2, 3), np.float32)})
     vec.close()
 

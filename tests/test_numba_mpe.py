@@ -283,6 +283,57 @@ def test_actions_are_validated_and_clipped():
         np.testing.assert_array_equal(cont[0].step(wide).next.state, cont[1].step(clipped).next.state)
 
 
+E2 = 2  # envs in the bad-input cases
+INT = np.zeros((E2, 3), np.int64)
+FLOAT = np.full((E2, 3, 5), 0.5, np.float32)
+
+
+@pytest.mark.parametrize("backend", ["numba", "pettingzoo"])
+@pytest.mark.parametrize(
+    "continuous, actions, message",
+    [
+        (False, {"agent": INT.T.copy()}, r"has shape \(3, 2\); expected \(num_envs, n_agents\) = \(2, 3\)"),
+        (False, {"agent": INT.astype(np.float32)}, "has dtype float32; expected .* integers in \\[0, 5\\)"),
+        (False, {"agent": INT - 1}, r"has values in \[-1, -1\]; expected .* integers in \[0, 5\)"),
+        (False, {"agent": INT + 5}, r"has values in \[5, 5\]"),
+        (False, {"agent": (INT + 7).astype(np.int32)}, r"has values in \[7, 7\]"),
+        (False, {"agent": INT, "zombie": INT}, r"unknown group\(s\) \['zombie'\]"),
+        (False, {}, "missing group 'agent'"),
+        (False, [INT], "must be a dict group -> array"),
+        (True, {"agent": FLOAT[:, :, :4]}, r"has shape \(2, 3, 4\); expected .* = \(2, 3, 5\) finite floats"),
+        (True, {"agent": np.where(np.eye(5, dtype=bool)[0], np.nan, FLOAT)}, "holds NaN or infinite values"),
+        (True, {"agent": np.full((E2, 3, 5), np.inf)}, "holds NaN or infinite values"),
+        (True, {"agent": FLOAT.astype(bool)}, "has dtype bool"),
+    ],
+)
+def test_every_bad_action_is_refused_as_the_pettingzoo_backend_refuses_it(backend, continuous, actions, message):
+    from envs import make
+
+    env = make("simple_spread_v3", E2, 0, backend=backend, continuous_actions=continuous)
+    env.reset()
+    with pytest.raises(ValueError, match=message):
+        env.step(actions)
+    good = {"agent": FLOAT.astype(np.float64)} if continuous else {"agent": INT.astype(np.int32)}
+    env.step(good)  # the env is still usable, and other good dtypes pass
+    env.close()
+
+
+@pytest.mark.parametrize("backend", ["numba", "pettingzoo"])
+def test_a_step_before_reset_or_after_close_is_refused(backend):
+    from envs import make
+
+    env = make("simple_spread_v3", E2, 0, backend=backend)
+    with pytest.raises(RuntimeError, match=r"call reset\(\) before the first step\(\)"):
+        env.step({"agent": INT})
+    env.reset()
+    env.step({"agent": INT})
+    env.close()
+    with pytest.raises(RuntimeError, match="the vector env is closed"):
+        env.step({"agent": INT})
+    with pytest.raises(RuntimeError, match="the vector env is closed"):
+        env.reset()
+
+
 def test_make_vec_arguments():
     assert make_vec("mpe2/simple_spread_v3", 1).scenario.name == "simple_spread_v3"
     assert make_vec("simple_tag", 1).scenario.name == "simple_tag_v3"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv
+from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions
 from envs.mpe.kernels import observe_envs, reset_envs, step_envs
 from envs.mpe.physics import WorldSpec, new_world_state
 from envs.mpe.scenarios import COMMON_KWARGS, SCENARIOS, Layout, Scenario, build_spec
@@ -133,12 +133,16 @@ class MPEVecEnv(VecEnv):
             mask.flags.writeable = False
             self._masks[g] = mask
         self._renderer = None
+        self._closed, self._needs_reset = False, True
 
     # --- the VecEnv contract ---------------------------------------------------------------------
 
     def reset(self, seed: int | None = None) -> Observation:
         """Reset every env; env i is seeded with seed + i. seed=None: the seed given to `make` on the
         first reset, afterwards each env's random stream simply continues."""
+        if self._closed:
+            raise RuntimeError("the vector env is closed")
+        self._needs_reset = False
         if seed is not None or not self._seeded:
             self._world.rng[:] = seed_states(self._seed if seed is None else int(seed), self.num_envs)
             self._seeded = True
@@ -147,14 +151,24 @@ class MPEVecEnv(VecEnv):
         return self._observation(state)
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        """Step every env; actions as the PettingZoo backend takes them (envs.api.check_actions), continuous
+        ones clipped to the action bounds [0, 1]."""
+        if self._closed:
+            raise RuntimeError("the vector env is closed")
+        if self._needs_reset:
+            raise RuntimeError("call reset() before the first step()")
+        return self._step(check_actions(actions, self.groups, self.num_envs))
+
+    def _step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        """`step` without the checks of its input (results/bench_numba_mpe.py measures what they cost)."""
         E, A = self.num_envs, len(self.agents)
-        for g, (agents, _, n, _) in self._group_slices.items():
-            a = actions[g]
+        for g, a in actions.items():
+            agents = self._group_slices[g][0]
             if self.continuous:
                 d = self.groups[g].action_dim
-                self._act_f[:, agents, :d] = np.reshape(a, (E, n, d))
+                np.clip(a, 0.0, 1.0, out=self._act_f[:, agents, :d], casting="unsafe")
             else:
-                self._act_i[:, agents] = np.reshape(a, (E, n))
+                self._act_i[:, agents] = a
         state = np.empty((E, self.state_shape[0]), np.float32)
         rewards = np.empty((E, A), np.float32)
         terminated = np.empty((E, A), np.bool_)
@@ -206,6 +220,7 @@ class MPEVecEnv(VecEnv):
         return self._renderer.render(self.get_world(env_index))
 
     def close(self) -> None:
+        self._closed = True
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
