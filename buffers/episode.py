@@ -64,6 +64,14 @@ class EpisodeReplayBuffer(Snapshot):
             return np.empty(0, dtype=np.int64)
         if np.any((env_ids < 0) | (env_ids >= self.num_envs)):
             raise BufferInputError(f"env_ids {env_ids.tolist()} must lie in [0, {self.num_envs})")
+        if env_ids.size > 1:
+            ordered = np.sort(env_ids)
+            twice = ordered[1:][ordered[1:] == ordered[:-1]]
+            if twice.size:
+                raise BufferInputError(
+                    f"env_ids {env_ids.tolist()} name env {twice[0]} more than once, expected each env at most once: "
+                    "pass every env whose episode ended once (e.g. np.flatnonzero(done))"
+                )
         empty = env_ids[self.t[env_ids] == 0]
         if empty.size:
             raise BufferInputError(f"env {empty[0]} has no steps to finish: add() at least one step first")
@@ -114,6 +122,21 @@ class EpisodeReplayBuffer(Snapshot):
             arrays["_priorities"], meta["max_priority"] = self.priorities.state()
         return arrays, meta
 
+    def _ring(self):
+        return self.capacity, "episodes"
+
+    def _check_state(self, path, arrays, meta):
+        lengths, size = arrays["_lengths"], meta["size"]
+        stored = lengths[:size]  # a finished episode has 1..max_len steps; the empty slots 0
+        if (size and not 1 <= stored.min() <= stored.max() <= self.max_len) or lengths[size:].any():
+            raise BufferInputError(
+                f"{path}: the episode lengths lie in [{lengths.min()}, {lengths.max()}], expected 1..max_len="
+                f"{self.max_len} for the {size} stored episodes and 0 after them: the file was altered or not "
+                "written by save() of a buffer with this max_len; start a new buffer"
+            )
+        if self.priorities is not None:
+            self.priorities.check_state(path, arrays["_priorities"], size, meta["max_priority"])
+
     def _set_state(self, arrays, meta):
         for name, arr in self.data.items():
             arr[...] = arrays[name]
@@ -129,4 +152,4 @@ class EpisodeReplayBuffer(Snapshot):
         """Per-episode priorities (e.g. mean |TD error| over the episode's filled steps)."""
         if self.priorities is None:
             raise BufferInputError("this EpisodeReplayBuffer is uniform: pass alpha=... to prioritize episodes")
-        self.priorities.update(indices, priorities)
+        self.priorities.update(indices, priorities, self.size, unit="episodes")

@@ -70,6 +70,9 @@ class ReplayBuffer(Snapshot):
     def _state(self):  # for Snapshot.save / load
         return dict(self.data), {"pos": self.pos, "size": self.size}
 
+    def _ring(self):
+        return self.rows, f"rows of {self.num_envs} envs"
+
     def _set_state(self, arrays, meta):
         for name, arr in self.data.items():
             arr[...] = arrays[name]
@@ -93,6 +96,7 @@ class ReplayBuffer(Snapshot):
 
     def gather(self, indices, n_step=1, gamma=0.99):
         """The transitions at flat `indices` (row * num_envs + env) as one fancy-indexed copy per field."""
+        check_n_step(n_step)
         indices = np.asarray(indices, dtype=np.int64)
         rows, envs = np.divmod(indices, self.num_envs)
         batch = {name: self._read(name, rows, envs) for name in self.schema}
@@ -135,16 +139,36 @@ class ReplayBuffer(Snapshot):
                 batch[name] = self._read(name, boot_rows, envs)
 
 
+def check_n_step(n_step):
+    """Refuse an n-step length that is not an integer >= 1 (0 would silently mean one-step targets)."""
+    if isinstance(n_step, bool) or not isinstance(n_step, int | np.integer) or n_step < 1:
+        raise BufferInputError(
+            f"n_step={n_step!r}, expected an integer >= 1 (1 = one-step targets): pass the n-step length, "
+            "e.g. --n-step 3"
+        )
+
+
+MAX_PRIORITY = 1e30  # a larger |TD error| means diverged values; beside it every ordinary priority is lost in
+# the tree's float64 sums, and it would become the max priority given to every new transition
+
+
 class Priorities:
     """Proportional priorities over `capacity` slots (Schaul et al. 2016): P(i) = p_i^alpha / sum_j p_j^alpha.
 
     New slots get the largest priority seen so far, so every transition is replayed at least once.
     Shared by `PrioritizedReplayBuffer` (transitions) and `EpisodeReplayBuffer` (whole episodes).
+
+    A raw priority p (|TD error|) must be finite, in [0, 1e30]; the tree stores (p + eps)^alpha. So p = 0
+    is allowed while eps > 0 (the slot keeps the small probability eps^alpha); with eps = 0 and alpha > 0
+    it is refused, since the slot could never be sampled again and the largest importance weight would be
+    infinite. Every stored slot's leaf is therefore positive.
     """
 
     def __init__(self, capacity, alpha, eps=1e-6):
         if not 0.0 <= alpha <= 1.0:
             raise BufferInputError(f"alpha={alpha} must lie in [0, 1] (0 = uniform, 1 = fully proportional)")
+        if not 0.0 <= eps < np.inf:
+            raise BufferInputError(f"eps={eps} must be a finite number >= 0 (the constant added to every |TD error|)")
         self.alpha, self.eps = float(alpha), float(eps)
         self.sum_tree, self.min_tree = SumTree(capacity), MinTree(capacity)
         self.max_priority = 1.0
@@ -154,23 +178,72 @@ class Priorities:
         self.sum_tree.update(indices, p)
         self.min_tree.update(indices, p)
 
-    def update(self, indices, priorities):
-        """Set raw priorities (e.g. |TD error|); a NaN or negative one raises a ValueError naming it."""
-        priorities = np.abs(np.asarray(priorities, dtype=np.float64).reshape(-1)) + self.eps
-        if not np.all(np.isfinite(priorities)):
-            bad = int(np.flatnonzero(~np.isfinite(priorities))[0])
+    def update(self, indices, priorities, count, unit="transitions"):
+        """Set raw priorities (|TD error| >= 0) of stored slots `indices`; slots [0, count) hold data.
+
+        Checked with a min and a max of each array: integer indices in [0, count) (a never-written slot
+        would be sampled as an all-zero transition), one priority per index (or one for all), and every
+        priority finite, in [0, 1e30] (and > 0 when eps = 0); a violation raises a `BufferInputError`.
+        """
+        indices = np.asarray(indices).reshape(-1)
+        priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if indices.size == 0 and priorities.size <= 1:
+            return
+        if priorities.size not in (1, indices.size):
             raise BufferInputError(
-                f"priority {priorities[bad]} at position {bad} is not finite: the TD errors contain "
-                "NaN or inf (check the loss, learning rate and reward scale)"
+                f"update_priorities got {indices.size} indices but {priorities.size} priorities: pass one "
+                "priority per sampled index (e.g. the batch's |TD errors|, shape (batch,))"
             )
-        p = priorities**self.alpha
+        if indices.dtype.kind not in "iu":
+            raise BufferInputError(
+                f"update_priorities got indices of dtype {indices.dtype}, expected integers: pass the "
+                "'indices' array of the sampled batch"
+            )
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= count:
+            raise BufferInputError(
+                f"update_priorities got index {lo if lo < 0 else hi}, but only slots [0, {count}) hold {unit} "
+                f"(capacity {self.sum_tree.capacity}): pass the 'indices' of a batch sampled from this buffer"
+            )
+        lo, hi = priorities.min(), priorities.max()  # NaN propagates into both and fails every comparison
+        zero_ok = self.eps > 0 or self.alpha == 0  # (0 + eps)^alpha > 0
+        if not (0 <= lo and hi <= MAX_PRIORITY) or (lo == 0 and not zero_ok):
+            finite = np.isfinite(priorities)
+            if not finite.all():
+                bad = int(np.flatnonzero(~finite)[0])
+                raise BufferInputError(
+                    f"priority {priorities[bad]} at position {bad} is not finite: the TD errors contain "
+                    "NaN or inf (check the loss, learning rate and reward scale)"
+                )
+            bad_mask = (priorities < 0) | (priorities > MAX_PRIORITY) | ((priorities == 0) & (not zero_ok))
+            bad = int(np.flatnonzero(bad_mask)[0])
+            least = ">= 0" if zero_ok else "> 0 (with eps=0 a zero priority could never be sampled again)"
+            raise BufferInputError(
+                f"priority {priorities[bad]} at position {bad}, expected |TD error| {least} and <= {MAX_PRIORITY:g}: "
+                "pass the absolute TD errors, and lower the learning rate or reward scale if they are this large"
+            )
+        p = (priorities + self.eps) ** self.alpha
         self.sum_tree.update(indices, p)
         self.min_tree.update(indices, p)
-        self.max_priority = max(self.max_priority, float(priorities.max(initial=0.0)))
+        self.max_priority = max(self.max_priority, float(hi) + self.eps)
 
     def state(self):
         """Every slot's priority^alpha (for a snapshot) and the largest raw priority seen."""
         return self.sum_tree.get(np.arange(self.sum_tree.capacity)), self.max_priority
+
+    def check_state(self, path, leaves, count, max_priority):
+        """Refuse saved priorities `restore` could not use: a stored leaf <= 0, non-finite sums, a bad max."""
+        stored = leaves[:count]
+        if count and not (stored.min() > 0 and np.isfinite(stored.sum())):
+            raise BufferInputError(
+                f"{path}: the priorities of the {count} stored slots lie in [{stored.min()}, {stored.max()}], "
+                "expected positive finite values: the file was altered or not written by save(); start a new buffer"
+            )
+        if isinstance(max_priority, bool) or not isinstance(max_priority, int | float) or not 0 < max_priority < np.inf:
+            raise BufferInputError(
+                f"{path}: max_priority={max_priority!r}, expected a positive finite number: the file was altered "
+                "or not written by save(); start a new buffer"
+            )
 
     def restore(self, leaves, count, max_priority):
         """Undo `state()`: the first `count` slots hold data, the others are empty."""
@@ -195,7 +268,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """`ReplayBuffer` sampling transitions in proportion to priority^alpha, with importance weights.
 
     ``sample(batch, rng, beta)`` returns ``weights`` and ``indices``; pass the new |TD errors| to
-    ``update_priorities(indices, errors)``. Anneal beta to 1 over training (the script's schedule).
+    ``update_priorities(indices, errors)`` (see `Priorities` for what a priority may be). Anneal beta to 1
+    over training (the script's schedule).
     """
 
     def __init__(self, capacity, num_envs, fields, alpha=0.6, uint8_fields=(), eps=1e-6):
@@ -215,12 +289,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return batch
 
     def update_priorities(self, indices, priorities):
-        self.priorities.update(indices, priorities)
+        """Raw priorities (|TD errors|, finite, >= 0) for the flat `indices` of a sampled batch."""
+        self.priorities.update(indices, priorities, len(self))
 
     def _state(self):
         arrays, meta = super()._state()
         leaves, meta["max_priority"] = self.priorities.state()
         return arrays | {"_priorities": leaves}, meta
+
+    def _check_state(self, path, arrays, meta):
+        count = meta["size"] * self.num_envs
+        self.priorities.check_state(path, arrays["_priorities"], count, meta["max_priority"])
 
     def _set_state(self, arrays, meta):
         super()._set_state(arrays, meta)

@@ -12,7 +12,15 @@ A script declares its fields once, ``{name: (per_env_shape, dtype)}``, for examp
     }
 
 Every buffer validates what it is given against the schema (a missing or unknown field, a wrong shape,
-a dtype that cannot be cast without changing kind) and raises a `BufferInputError` that names the field.
+a lossy dtype) and raises a `BufferInputError` that names the field. What a field accepts:
+
+* its own dtype, always, at no cost;
+* integers into an integer field (signed or unsigned) when every value fits the field's dtype; the
+  min and max are checked only when the given dtype could hold values the field's cannot (int64 300
+  into an int8 field is refused instead of wrapping to 44);
+* bools into any field (0/1), integers into a float field, a wider float into a narrower one (rounded);
+* never floats into an integer or bool field, nor integers into a bool field: cast explicitly
+  (``actions.astype(np.int64)``, ``terminated != 0``) so rounding and truncation are the script's choice.
 """
 
 import numpy as np
@@ -78,13 +86,29 @@ class Schema:
                     f"field {name!r} has shape {arr.shape}, expected {(*lead, *shape)} "
                     f"(leading {lead} then the declared per-env shape {shape})"
                 )
-            if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
-                raise BufferInputError(
-                    f"field {name!r} has dtype {arr.dtype}, which cannot become the declared {dtype} "
-                    "without changing kind (e.g. float actions into an integer field)"
-                )
+            if arr.dtype != dtype:
+                _check_cast(name, arr, dtype)
             out[name] = arr
         return out
+
+
+def _check_cast(name, arr, dtype):
+    """Refuse a lossy cast of `arr` into field `name` of `dtype`: another kind, or integers out of range."""
+    if arr.dtype.kind in "iu" and dtype.kind in "iu":  # one kind here: what matters is the values' range
+        if np.can_cast(arr.dtype, dtype) or arr.size == 0:
+            return
+        lo, hi, info = int(arr.min()), int(arr.max()), np.iinfo(dtype)
+        if lo < info.min or hi > info.max:
+            raise BufferInputError(
+                f"field {name!r} holds {lo if lo < info.min else hi} ({arr.dtype}), outside the range "
+                f"[{info.min}, {info.max}] of its declared {dtype}: declare a wider dtype or keep the values in range"
+            )
+    elif not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+        fix = "pass booleans (e.g. `x != 0`)" if dtype.kind == "b" else f"cast explicitly (`.astype(np.{dtype})`)"
+        raise BufferInputError(
+            f"field {name!r} has dtype {arr.dtype}, which cannot become the declared {dtype} without changing "
+            f"kind (e.g. float actions into an integer field): {fix} or declare the field as {arr.dtype}"
+        )
 
 
 def to_torch(batch, device="cpu"):

@@ -1,5 +1,7 @@
 """Schema-driven buffers: storage, targets, sampling, wrap-around, truncation, padding and misuse."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -361,6 +363,256 @@ def test_snapshot_errors_name_the_problem(tmp_path):
     with pytest.raises(BufferInputError, match="holds a ReplayBuffer snapshot; this buffer is a Prior"):
         PrioritizedReplayBuffer(4 * E, E, REPLAY_FIELDS).load(tmp_path / "r.npz")
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def tamper(src, dst, meta=None, drop=(), **arrays):
+    """Copy snapshot `src` to `dst` with metadata entries replaced (None deletes), arrays dropped or replaced."""
+    with np.load(src) as f:
+        saved = {name: f[name] for name in f.files}
+    m = json.loads(bytes(saved["__meta__"]).decode())
+    for key, value in (meta or {}).items():
+        if value is None:
+            del m[key]
+        else:
+            m[key] = value
+    saved["__meta__"] = np.frombuffer(json.dumps(m).encode(), np.uint8)
+    saved = {name: a for name, a in (saved | arrays).items() if name not in drop}
+    np.savez(dst, **saved)
+    return dst
+
+
+def test_snapshot_larger_than_the_buffer_is_refused_naming_size_and_capacity(tmp_path):
+    big = ReplayBuffer(8 * E, E, REPLAY_FIELDS)
+    for t in range(6):
+        big.add(**replay_step(t))
+    big.save(tmp_path / "big.npz")
+    rb = ReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    with pytest.raises(BufferInputError, match="holds size=6 rows of 3 envs, but this buffer's capacity is 4 rows"):
+        rb.load(tmp_path / "big.npz")
+    assert len(rb) == 0  # nothing was loaded
+
+
+@pytest.mark.parametrize(
+    "meta, drop, match",
+    [
+        ({"size": 5, "pos": 0}, (), "holds size=5 rows of 3 envs, but this buffer's capacity is 4 rows"),
+        ({"size": -1}, (), "holds size=-1 rows"),
+        ({"pos": -1}, (), r"write position pos=-1 with size=2 of 4 rows.*expected 0 <= pos < 4"),
+        ({"pos": 3}, (), "write position pos=3 with size=2.*pos == size until full"),
+        ({"pos": "2"}, (), "pos='2' and size=2, expected integers"),
+        ({"size": None}, (), r"lacks the metadata \['size'\]"),
+        ({"kind": None}, (), "holds a None snapshot; this buffer is a ReplayBuffer"),
+        ({}, ("actions",), "holds the fields"),
+        ({}, ("__meta__",), "unreadable"),
+    ],
+)
+def test_inconsistent_snapshot_metadata_is_one_clear_error(tmp_path, meta, drop, match):
+    rb = ReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    rb.add(**replay_step(0))
+    rb.add(**replay_step(1))
+    rb.save(tmp_path / "r.npz")
+    bad = tamper(tmp_path / "r.npz", tmp_path / "bad.npz", meta, drop)
+    fresh = ReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    with pytest.raises(BufferInputError, match=match):
+        fresh.load(bad)
+    assert len(fresh) == 0
+
+
+def test_snapshot_with_a_wrong_array_shape_or_non_object_metadata_is_refused(tmp_path):
+    rb = ReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    rb.add(**replay_step(0))
+    rb.save(tmp_path / "r.npz")
+    bad = tamper(tmp_path / "r.npz", tmp_path / "bad.npz", obs=np.zeros((4, E, OBS + 1), np.float32))
+    with pytest.raises(BufferInputError, match=r"field 'obs' was saved as float32 \(4, 3, 5\)"):
+        rb.load(bad)
+    np.savez(tmp_path / "list.npz", __meta__=np.frombuffer(b"[1, 2]", np.uint8), **rb.data)
+    with pytest.raises(BufferInputError, match="metadata is not a JSON object"):
+        rb.load(tmp_path / "list.npz")
+
+
+@pytest.mark.parametrize(
+    "priorities, meta, match",
+    [
+        (-1.0, {}, r"priorities of the 3 stored slots lie in \[-1.0, .*expected positive finite"),
+        (np.nan, {}, "priorities of the 3 stored slots"),
+        (None, {"max_priority": float("nan")}, "max_priority=nan, expected a positive finite number"),
+        (None, {"max_priority": None}, r"lacks the metadata \['max_priority'\]"),
+    ],
+)
+def test_snapshot_with_bad_priorities_is_refused(tmp_path, priorities, meta, match):
+    rb = PrioritizedReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    rb.add(**replay_step(0))
+    rb.save(tmp_path / "r.npz")
+    arrays = {}
+    if priorities is not None:
+        leaves = rb.priorities.state()[0].copy()
+        leaves[1] = priorities
+        arrays["_priorities"] = leaves
+    bad = tamper(tmp_path / "r.npz", tmp_path / "bad.npz", meta, **arrays)
+    fresh = PrioritizedReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    with pytest.raises(BufferInputError, match=match):
+        fresh.load(bad)
+    assert len(fresh) == 0 and fresh.priorities.sum_tree.sum() == 0
+
+
+def test_episode_snapshot_with_bad_lengths_or_size_is_refused(tmp_path):
+    eb = EpisodeReplayBuffer(4, max_len=3, num_envs=1, fields=EPISODE_FIELDS, alpha=0.6)
+    eb.add(obs=np.ones((1, OBS), np.float32), actions=np.array([1]), rewards=np.ones(1, np.float32))
+    eb.finish([0])
+    eb.save(tmp_path / "e.npz")
+    fresh = EpisodeReplayBuffer(4, max_len=3, num_envs=1, fields=EPISODE_FIELDS, alpha=0.6)
+    for lengths in ([7, 0, 0, 0], [0, 0, 0, 0], [1, 2, 0, 0]):
+        bad = tamper(tmp_path / "e.npz", tmp_path / "bad.npz", _lengths=np.array(lengths))
+        with pytest.raises(BufferInputError, match=r"episode lengths lie in .* expected 1..max_len=3 for the 1 stored"):
+            fresh.load(bad)
+    bad = tamper(tmp_path / "e.npz", tmp_path / "bad.npz", {"size": 9, "pos": 1})
+    with pytest.raises(BufferInputError, match="holds size=9 episodes, but this buffer's capacity is 4 episodes"):
+        fresh.load(bad)
+    assert len(fresh) == 0
+    fresh.load(tmp_path / "e.npz")  # the untouched file still loads
+    assert len(fresh) == 1
+
+
+def test_integer_fields_refuse_values_out_of_range_and_accept_the_bounds():
+    fields = {"a": ((), np.int8), "u": ((), np.uint8), "done": ((), np.bool_)}
+    rb = ReplayBuffer(8, 2, fields)
+    ok = dict(a=np.array([-128, 127]), u=np.array([0, 255]), done=np.array([True, False]))
+    rb.add(**ok)  # int64 values at the exact bounds of int8 and uint8
+    np.testing.assert_array_equal(rb.data["a"][0], [-128, 127])
+    np.testing.assert_array_equal(rb.data["u"][0], [0, 255])
+    with pytest.raises(BufferInputError, match=r"field 'a' holds 300 \(int64\), outside the range \[-128, 127\]"):
+        rb.add(**{**ok, "a": np.array([0, 300])})
+    with pytest.raises(BufferInputError, match=r"field 'a' holds -129 .*declared int8: declare a wider dtype"):
+        rb.add(**{**ok, "a": np.array([-129, 0])})
+    with pytest.raises(BufferInputError, match=r"field 'u' holds -1 \(int8\), outside the range \[0, 255\]"):
+        rb.add(**{**ok, "u": np.array([-1, 0], np.int8)})  # narrower but signed: -1 would wrap to 255
+    with pytest.raises(BufferInputError, match=r"field 'u' holds 256 \(uint16\)"):
+        rb.add(**{**ok, "u": np.array([256, 0], np.uint16)})
+    assert len(rb) == 2  # nothing refused was stored
+    rb.add(**{**ok, "u": np.array([3, 4], np.int64), "a": np.array([True, False])})  # in range; bool is 0/1
+    np.testing.assert_array_equal(rb.data["u"][1], [3, 4])
+
+
+def test_lossy_kind_changes_are_refused_with_the_cast_to_make():
+    fields = {"a": ((), np.int64), "done": ((), np.bool_), "r": ((), np.float32)}
+    rb = RolloutBuffer(2, 2, fields)
+    ok = dict(a=np.array([1, 2]), done=np.array([True, False]), r=np.array([0.5, 1e3]))  # float64 into float32
+    with pytest.raises(BufferInputError, match=r"'a' has dtype float64.*cast explicitly \(`.astype\(np.int64\)`\)"):
+        rb.add(**{**ok, "a": np.array([1.0, 2.0])})
+    with pytest.raises(BufferInputError, match=r"'done' has dtype int64.*pass booleans \(e.g. `x != 0`\)"):
+        rb.add(**{**ok, "done": np.array([1, 0])})
+    with pytest.raises(BufferInputError, match="'done' has dtype float64"):
+        rb.add(**{**ok, "done": np.array([1.0, 0.0])})
+    rb.add(**ok)
+    rb.add(**{**ok, "r": np.array([3, 4])})  # integers into a float field
+    np.testing.assert_array_equal(rb["r"][:, 1], [1e3, 4])
+
+
+def test_episode_buffer_checks_integer_ranges_too():
+    fields = {"actions": ((), np.int8), "obs": ((OBS,), np.float32)}
+    eb = EpisodeReplayBuffer(4, max_len=2, num_envs=1, fields=fields)
+    with pytest.raises(BufferInputError, match="field 'actions' holds 1000"):
+        eb.add(actions=np.array([1000]), obs=np.zeros((1, OBS), np.float32))
+    assert eb.t.tolist() == [0]
+
+
+@pytest.mark.parametrize(
+    "priority, match",
+    [
+        (-0.5, r"priority -0.5 at position 1, expected \|TD error\| >= 0 and <= 1e\+30: pass the absolute"),
+        (np.nan, "priority nan at position 1 is not finite"),
+        (np.inf, "priority inf at position 1 is not finite"),
+        (1e31, r"priority 1e\+31 at position 1, expected .*<= 1e\+30"),
+    ],
+)
+def test_bad_priorities_are_refused_and_change_nothing(priority, match):
+    rb = PrioritizedReplayBuffer(8, 1, {"x": ((), np.int64)}, alpha=0.6)
+    for i in range(4):
+        rb.add(x=np.array([i]))
+    before = rb.priorities.state()
+    with pytest.raises(BufferInputError, match=match):
+        rb.update_priorities(np.arange(3), [1.0, priority, 2.0])
+    after = rb.priorities.state()
+    np.testing.assert_array_equal(after[0], before[0])
+    assert after[1] == before[1]
+
+
+@pytest.mark.parametrize(
+    "indices, priorities, match",
+    [
+        ([0, 4], [1.0, 1.0], r"index 4, but only slots \[0, 4\) hold transitions \(capacity 8\)"),  # never written
+        ([8], [1.0], r"index 8, but only slots \[0, 4\)"),  # past the capacity
+        ([-1], [1.0], "index -1, but only slots"),
+        ([0.0, 1.0], [1.0, 1.0], "indices of dtype float64, expected integers"),
+        ([0, 1, 2], [1.0, 1.0], "got 3 indices but 2 priorities"),
+    ],
+)
+def test_priority_indices_must_point_to_stored_slots(indices, priorities, match):
+    rb = PrioritizedReplayBuffer(8, 1, {"x": ((), np.int64)})
+    for i in range(4):
+        rb.add(x=np.array([i]))
+    with pytest.raises(BufferInputError, match=match):
+        rb.update_priorities(indices, priorities)
+
+
+def test_priority_edge_cases_that_stay_legal():
+    rb = PrioritizedReplayBuffer(4, 1, {"x": ((), np.int64)}, alpha=0.5)
+    for i in range(4):
+        rb.add(x=np.array([i]))
+    rb.update_priorities(np.arange(4), [0.0, 1e30, 1.0, 0.0])  # 0 becomes eps^alpha: rare but sampleable
+    assert rb.priorities.sum_tree.get(0) == pytest.approx(rb.priorities.eps**0.5)
+    assert rb.priorities.max_priority == pytest.approx(1e30)
+    batch = rb.sample(4, np.random.default_rng(0))
+    np.testing.assert_array_equal(batch["x"], 1)  # the huge priority takes every stratum
+    assert np.all(np.isfinite(batch["weights"]) & (batch["weights"] > 0))
+    rb.update_priorities(np.array([], np.int64), [])  # an empty update is a no-op
+    rb.update_priorities(np.arange(4), 2.0)  # one priority for every index
+    np.testing.assert_allclose(rb.priorities.state()[0], (2.0 + rb.priorities.eps) ** 0.5)
+    strict = PrioritizedReplayBuffer(4, 1, {"x": ((), np.int64)}, alpha=0.5, eps=0.0)
+    strict.add(x=np.array([0]))
+    with pytest.raises(BufferInputError, match=r"priority 0.0 at position 0, expected \|TD error\| > 0 \(with eps=0"):
+        strict.update_priorities([0], [0.0])
+    uniform = PrioritizedReplayBuffer(4, 1, {"x": ((), np.int64)}, alpha=0.0, eps=0.0)
+    uniform.add(x=np.array([0]))
+    uniform.update_priorities([0], [0.0])  # alpha=0: every leaf is 1
+    with pytest.raises(BufferInputError, match="eps=-1.0 must be a finite number >= 0"):
+        PrioritizedReplayBuffer(4, 1, {"x": ((), np.int64)}, eps=-1.0)
+
+
+def test_episode_priorities_only_for_finished_episodes():
+    eb = EpisodeReplayBuffer(4, max_len=2, num_envs=1, fields=EPISODE_FIELDS, alpha=0.6)
+    eb.add(obs=np.zeros((1, OBS), np.float32), actions=np.zeros(1, np.int64), rewards=np.zeros(1, np.float32))
+    eb.finish([0])
+    eb.update_priorities([0], [0.0])
+    with pytest.raises(BufferInputError, match=r"index 1, but only slots \[0, 1\) hold episodes"):
+        eb.update_priorities([1], [1.0])
+    with pytest.raises(BufferInputError, match="priority -2.0 at position 0"):
+        eb.update_priorities([0], [-2.0])
+
+
+@pytest.mark.parametrize("n_step", [0, -1, 2.0, True])
+def test_n_step_must_be_a_positive_integer(n_step):
+    rb = PrioritizedReplayBuffer(4 * E, E, REPLAY_FIELDS)
+    rb.add(**replay_step(0))
+    rng = np.random.default_rng(0)
+    match = rf"n_step={n_step!r}, expected an integer >= 1"
+    with pytest.raises(BufferInputError, match=match):
+        rb.gather([0], n_step=n_step)
+    with pytest.raises(BufferInputError, match=match):
+        rb.sample(1, rng, n_step=n_step)
+    with pytest.raises(BufferInputError, match=match):
+        ReplayBuffer.sample(rb, 1, rng, n_step=n_step)
+    assert rb.gather([0], n_step=np.int64(2))["discounts"].shape == (1,)
+
+
+def test_finish_refuses_a_duplicate_env_id():
+    eb = EpisodeReplayBuffer(4, max_len=3, num_envs=3, fields=EPISODE_FIELDS)
+    eb.add(obs=np.zeros((3, OBS), np.float32), actions=np.zeros(3, np.int64), rewards=np.zeros(3, np.float32))
+    with pytest.raises(BufferInputError, match=r"env_ids \[2, 0, 2\] name env 2 more than once"):
+        eb.finish([2, 0, 2])
+    assert len(eb) == 0 and eb.t.tolist() == [1, 1, 1]
+    eb.finish([2, 0])
+    assert len(eb) == 2
 
 
 def test_to_torch_converts_dtypes_in_one_place():
