@@ -7,6 +7,7 @@ A sweep (``results/run.py``) leaves one directory per run::
         run.log                   the script's stdout and stderr
         config.json               the resolved Args, written by the script
         events.out.tfevents.*     TensorBoard scalars keyed by global_step, written by the script
+        final_eval.json           protocol v2: the final policy on the fixed 1000 episodes (runtime/evaluation.py)
         DONE                      written by the script on success
 
 This module reads those directories (TensorBoard events through tensorboard's EventAccumulator),
@@ -38,6 +39,7 @@ REPO_ROOT = RESULTS_DIR.parent
 RECORD_NAME = "run.json"
 LOG_NAME = "run.log"
 CONFIG_NAME = "config.json"
+FINAL_EVAL_NAME = "final_eval.json"
 DONE_NAME = "DONE"
 
 # Logging keys (STYLE.md, "Logging keys"); x-axis is global_step.
@@ -77,6 +79,13 @@ PROTOCOL = {
         "linear interpolation between evaluations, null before the first evaluation, the last "
         "evaluation held after it; over seeds: mean, sample std and the bootstrap 95% CI of the mean "
         "of the seeds that have a value at that step"
+    ),
+    "final_policy": (
+        "evaluation protocol v2, the headline: a seed's final policy played greedily on a fixed set of episodes "
+        "(env i seeded 10000 + i, 1000 episodes), the same for every algorithm and seed, written by the script "
+        f"to {FINAL_EVAL_NAME}; per seed the mean and std over those episodes, across seeds the mean_std/iqm/ci95 "
+        "statistics of the per-seed means. A result is 'v2' when every seed has it; 'v1' results (made before) "
+        "have periodic evaluations that replayed the same episodes, and no final_policy"
     ),
     "sps": f"the last '{SPS_TAG}' value a seed logged (env steps per second)",
     "wall_time_s": "wall-clock seconds of a seed's script process, measured by results/run.py",
@@ -276,6 +285,9 @@ def seed_metrics(run_dir: Path) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
         "wall_time_s": float(wall_time),
         "sps": sps,
     }
+    final = read_json(Path(run_dir) / FINAL_EVAL_NAME)
+    if final is not None:  # protocol v2: the final policy on the fixed episode set
+        metrics["final_policy"] = {k: final.get(k) for k in ("mean", "std", "episodes", "protocol", "per_group")}
     return metrics, (steps, values)
 
 
@@ -365,6 +377,7 @@ def build_result(
     commits = _unique(records[s].get("commit") for s in seeds)
     ends = sorted(records[s]["end"] for s in seeds if records[s].get("end"))
     summary_keys = ["final_eval_return", "best_eval_return", "wall_time_s", "sps"]
+    v2 = all("final_policy" in m for m in metrics.values())
     result = {
         "schema_version": SCHEMA_VERSION,
         "algo": algo,
@@ -379,8 +392,10 @@ def build_result(
         "total_timesteps": int(total_timesteps),
         "reward_convention": REWARD_CONVENTION,
         "protocol": dict(PROTOCOL),
+        "evaluation_protocol": "v2" if v2 else "v1",
         "per_seed": per_seed,
-        "summary": {key: summarize(m[key] for m in metrics.values()) for key in summary_keys},
+        "summary": {key: summarize(m[key] for m in metrics.values()) for key in summary_keys}
+        | ({"final_policy": summarize(m["final_policy"]["mean"] for m in metrics.values())} if v2 else {}),
         "curve": {
             "metric": EVAL_TAG,
             "steps": grid.tolist(),
@@ -492,9 +507,17 @@ RESULT_SCHEMA = {
             "wall_time_s": NUMBER,
             "sps": OPT_NUMBER,
             "log": Optional_(str),
+            "final_policy?": {"mean": NUMBER, "std": NUMBER, "episodes": int, "protocol": str, "per_group": AnyDict()},
         }
     ],
-    "summary": {"final_eval_return": STATS, "best_eval_return": STATS, "wall_time_s": STATS, "sps": STATS},
+    "evaluation_protocol?": str,
+    "summary": {
+        "final_eval_return": STATS,
+        "best_eval_return": STATS,
+        "wall_time_s": STATS,
+        "sps": STATS,
+        "final_policy?": STATS,
+    },  # fmt: skip
     "curve": {
         "metric": str,
         "steps": [int],
@@ -510,7 +533,8 @@ RESULT_SCHEMA = {
 
 
 def _type_errors(value, spec, where: str) -> list[str]:
-    """Mismatches between a JSON value and a schema spec (type, dict of specs, [item spec], markers)."""
+    """Mismatches between a JSON value and a schema spec (type, dict of specs, [item spec], markers); a dict spec's
+    key that ends in '?' is optional."""
     if isinstance(spec, Optional_):
         return [] if value is None else _type_errors(value, spec.spec, where)
     if isinstance(spec, AnyDict):
@@ -522,10 +546,11 @@ def _type_errors(value, spec, where: str) -> list[str]:
     if isinstance(spec, dict):
         if not isinstance(value, dict):
             return [f"{where}: expected an object, got {type(value).__name__}"]
-        errors = [f"{where}: missing key '{k}'" for k in spec if k not in value]
-        errors += [f"{where}: unexpected key '{k}'" for k in value if k not in spec]
-        for key in (k for k in spec if k in value):
-            errors += _type_errors(value[key], spec[key], f"{where}.{key}")
+        specs = {k.rstrip("?"): v for k, v in spec.items()}  # a key ending in '?' may be absent
+        errors = [f"{where}: missing key '{k}'" for k in spec if not k.endswith("?") and k not in value]
+        errors += [f"{where}: unexpected key '{k}'" for k in value if k not in specs]
+        for key in (k for k in specs if k in value):
+            errors += _type_errors(value[key], specs[key], f"{where}.{key}")
         return errors
     if isinstance(spec, list):
         if not isinstance(value, list):

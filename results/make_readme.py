@@ -141,30 +141,62 @@ def as_array(values: list) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
+FAMILIES = {"mappo": "on-policy (PPO)", "ippo": "on-policy (PPO)", "ppo": "on-policy (PPO)", "maddpg": "DDPG family",
+            "matd3": "DDPG family", "iddpg": "DDPG family", "dqn": "value-based", "drqn": "value-based"}  # fmt: skip
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def curve_styles(results: list[dict]) -> dict[str, list[tuple[dict, str, str]]]:
+    """Panels of the curves figure: family -> [(result, colour, linestyle)], every pair distinct within a panel.
+
+    A row's family is that of its base algorithm (the name before the first '-'); a base keeps one colour, and its
+    variants (mappo-continuous, maddpg-tf64, ...) differ from it by line style."""
+    import matplotlib
+
+    colors = matplotlib.colormaps["tab10"].colors
+    panels: dict[str, list] = {}
+    for result in sorted(results, key=lambda r: r["algo"]):
+        base = result["algo"].split("-")[0]
+        panels.setdefault(FAMILIES.get(base, base), []).append((result, base))
+    styled = {}
+    for family, rows in panels.items():
+        bases = list(dict.fromkeys(base for _, base in rows))
+        seen: dict[str, int] = {}
+        styled[family] = []
+        for result, base in rows:
+            k = seen[base] = seen.get(base, -1) + 1
+            color = colors[(bases.index(base) + k // len(LINESTYLES) * len(bases)) % len(colors)]
+            styled[family].append((result, color, LINESTYLES[k % len(LINESTYLES)]))
+    return styled
+
+
 def plot_curves(env_id: str, results: list[dict], path: Path) -> None:
-    """Mean learning curve and 95% CI band per algorithm, saved as a PNG with no varying metadata."""
+    """Mean learning curve and 95% CI band per algorithm, one panel per family (shared y axis), saved as a PNG with no
+    varying metadata."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    panels = curve_styles(results)
     with matplotlib.rc_context():
         matplotlib.rcdefaults()  # ignore any matplotlibrc: the same JSON must give the same bytes
-        fig = Figure(figsize=(7, 4.2), dpi=100)
-        ax = fig.add_subplot()
-        colors = matplotlib.colormaps["tab10"].colors
-        for i, result in enumerate(results):
-            curve, color = result["curve"], colors[i % len(colors)]
-            steps = as_array(curve["steps"])
-            label = f"{result['algo']} ({len(result['seeds'])} seeds)"
-            ax.plot(steps, as_array(curve["mean"]), color=color, linewidth=1.6, label=label)
-            low, high = as_array(curve["ci95_low"]), as_array(curve["ci95_high"])
-            ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
-        ax.set_title(f"{env_id}: evaluation return (mean and 95% bootstrap CI over seeds)", fontsize=10)
-        ax.set_xlabel("environment steps")
-        ax.set_ylabel("episodic return (mean over agents)")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=9)
+        fig = Figure(figsize=(4.6 * len(panels) + 0.6, 4.4), dpi=100)
+        axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+        for ax, (family, rows) in zip(axes, panels.items(), strict=True):
+            for result, color, style in rows:
+                curve = result["curve"]
+                steps = as_array(curve["steps"])
+                label = f"{result['algo']} ({len(result['seeds'])} seeds)"
+                ax.plot(steps, as_array(curve["mean"]), color=color, linestyle=style, linewidth=1.6, label=label)
+                low, high = as_array(curve["ci95_low"]), as_array(curve["ci95_high"])
+                ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
+            ax.set_title(family, fontsize=10)
+            ax.set_xlabel("environment steps")
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right", fontsize=8)
+        axes[0].set_ylabel("evaluation return (mean over agents)")
+        fig.suptitle(f"{env_id}: periodic greedy evaluations (mean and 95% bootstrap CI over seeds)", fontsize=10)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png", metadata={"Software": None})
@@ -224,9 +256,14 @@ def group_table(results: list[dict]) -> list[str]:
 
 
 def final_policy_cell(entry: dict | None, result: dict) -> str:
-    """eval_final.py's measurement of a result's final policies, when every seed it measured is one of these runs."""
+    """The headline: the final policies on the fixed episode set. Protocol v2 results carry it (final_eval.json of
+    every seed); for v1 results, eval_final.py's measurement, when every seed it measured is one of these runs."""
+    if result.get("evaluation_protocol") == "v2":
+        final = result["summary"]["final_policy"]
+        episodes = {p["final_policy"]["episodes"] for p in result["per_seed"]}
+        return f"**{fmt(final['mean'])} ± {fmt(final['std'])}** ({final['n']} seeds, {max(episodes)} ep. each)"
     if not eval_final.matches(entry, result):
-        return "—"
+        return "— (v1: not measured)"
     summary = entry["summary"]
     partial = f", {summary['n']} of {len(result['per_seed'])} seeds" if summary["n"] < len(result["per_seed"]) else ""
     return f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({entry['episodes']} ep. per seed{partial})"
@@ -247,21 +284,23 @@ def env_section(
     variant_refs = {v: ref for ref in refs.values() for v in ref.get("variants", []) if v in ours}
     lines = [f"## {env_id}", ""]
     lines += [
-        "| algorithm | ours: mean ± std (n seeds) | IQM [95% CI] | best eval (mean) | final policy, new episodes "
-        "| reference | budget (steps) |",
+        "| algorithm | **final policy**, fixed 1000 episodes: mean ± std over seeds | periodic evaluations, last 10: "
+        "mean ± std (n seeds) | IQM [95% CI] | best eval (mean) | reference | budget (steps) |",
         "|---|---|---|---|---|---|---|",
     ]
     drift = {algo: config_drift(result) for algo, result in ours.items()}
+    old = [algo for algo, result in ours.items() if result.get("evaluation_protocol") != "v2"]
     for algo in sorted(set(ours) | set(refs)):
-        cells = [f"`{algo}`" + (" (stale)" if drift.get(algo) else ""), "not run yet", "—", "—", "—", "—", "—"]
+        marks = (" (stale)" if drift.get(algo) else "") + (" (v1)" if algo in old else "")
+        cells = [f"`{algo}`{marks}", "—", "not run yet", "—", "—", "—", "—"]
         if algo in ours:
             result = ours[algo]
             final, best = result["summary"]["final_eval_return"], result["summary"]["best_eval_return"]
             low, high = final["iqm_ci95"]
-            cells[1] = f"{fmt(final['mean'])} ± {fmt(final['std'])} ({final['n']} seeds)"
-            cells[2] = f"{fmt(final['iqm'])} [{fmt(low)}, {fmt(high)}]"
-            cells[3] = fmt(best["mean"]) if best else "—"
-            cells[4] = final_policy_cell(finals.get(f"{env_id}/{algo}"), result)
+            cells[1] = final_policy_cell(finals.get(f"{env_id}/{algo}"), result)
+            cells[2] = f"{fmt(final['mean'])} ± {fmt(final['std'])} ({final['n']} seeds)"
+            cells[3] = f"{fmt(final['iqm'])} [{fmt(low)}, {fmt(high)}]"
+            cells[4] = fmt(best["mean"]) if best else "—"
             cells[6] = fmt_steps(result["total_timesteps"])
         if ref := refs.get(algo) or variant_refs.get(algo):
             source = (ref["source"], ref["protocol"])
@@ -270,6 +309,8 @@ def env_section(
             cells[5] = reference_cell(ref, notes.index(source) + 1, brief=algo not in refs)
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if old:
+        lines += [f"(v1): made under evaluation protocol v1, before {V1_NOTE}", ""]
     lines += group_table(results)
     for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
         source, protocol = notes[number - 1]
@@ -312,12 +353,18 @@ def env_section(
 
 
 FINAL_POLICY_PROTOCOL = (
-    "the evaluations above replay the same episodes every time (env i of seed s's evaluations is seeded with"
-    " s + 10000 + i, so seeds 0-4 share 14 distinct start configurations between them), so a row carries the luck of"
-    " those few episodes; `python results/eval_final.py`"
-    " measures each seed's last.pt once more, greedily on the standard env, on many episodes shared by every row"
-    " (env i seeded 10000 + i; the count is in the cell), and this column is the mean ± std over seeds of those"
-    " per-seed means (results/final_policies.json; shown only while it describes exactly the row's runs)."
+    "the headline. Evaluation protocol v2: at the end of every run the script plays its final policy greedily on"
+    " the standard env over a fixed set of 1000 episodes (env i seeded 10000 + i), the same for every algorithm and"
+    " seed, so rows compare pairwise (final_eval.json in the run dir); the cell is the mean ± std over seeds of the"
+    " per-seed means. Rows marked (v1) were made before: `python results/eval_final.py` measured the same 1000"
+    " episodes from each seed's last.pt afterwards (results/final_policies.json; shown only while it describes"
+    " exactly the row's runs)."
+)
+V1_NOTE = (
+    "every run measured its own final policy: its periodic evaluations replayed the same episodes every time (env i"
+    " of seed s's evaluations seeded s + 10000 + i, so seeds 0-4 shared 14 start configurations), so the periodic"
+    " columns carry the luck of those few episodes, and the final-policy cell comes from results/eval_final.py"
+    " (or is not measured). Rerun the row to bring it to v2."
 )
 
 
@@ -343,13 +390,14 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], fin
         "How the numbers are made:",
         "",
         f"* Reward: {REWARD_CONVENTION}.",
-        f"* Final return of a seed: {PROTOCOL['final_eval_return']}.",
+        f"* Final policy (headline): {FINAL_POLICY_PROTOCOL}",
+        f"* Periodic evaluations, last 10: {PROTOCOL['final_eval_return']}; under v2 each evaluation plays fresh "
+        "episodes (no start state twice in a run, none shared between seeds).",
         f"* Best eval: {PROTOCOL['best_eval_return']}.",
         f"* Across seeds: {PROTOCOL['mean_std']}.",
         f"* IQM: {PROTOCOL['iqm']}.",
         f"* 95% CI: {PROTOCOL['ci95']}.",
         f"* Curves: {PROTOCOL['curve']}.",
-        f"* Final policy, new episodes: {FINAL_POLICY_PROTOCOL}",
         "* Reference figures are quoted as published, with their source and protocol; not rerun here.",
         "",
     ]

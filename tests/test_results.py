@@ -317,8 +317,11 @@ def test_readme_and_png_regenerate_byte_identical(local_sweep, tmp_path):
     assert png.startswith(b"\x89PNG") and b"Software" not in png
     text = readme.decode()
     finals = [expected_seed("fake_a", s)[0] for s in (0, 1)]
-    assert f"| `fake_a` | {np.mean(finals):.2f} ± {np.std(finals, ddof=1):.2f} (2 seeds) |" in text
-    assert "| `mappo-continuous` | not run yet |" in text and "-11.63 ± 1.50" in text
+    assert (
+        f"| `fake_a` (v1) | — (v1: not measured) | {np.mean(finals):.2f} ± {np.std(finals, ddof=1):.2f} (2 seeds) |"
+        in text
+    )
+    assert "| `mappo-continuous` | — | not run yet |" in text and "-11.63 ± 1.50" in text
     assert "XuanCe benchmark table" in text
     assert "![env_x learning curves](env_x/curves.png)" in text
     assert "[speed/fake_speed.md](speed/fake_speed.md)" in text and "\n### Fake speed\n" in text
@@ -359,7 +362,7 @@ def test_a_reference_stands_beside_the_variants_it_lists_and_only_those(tmp_path
     rows = {}  # the results table's row of each algorithm (the first: the run details repeat the names)
     for line in make_readme.generate(out).read_text().splitlines():
         if line.startswith("| `"):
-            rows.setdefault(line.split(" |")[0], line)
+            rows.setdefault(line.split(" |")[0].removesuffix(" (v1)"), line)
     assert "-9.62 ± 0.28 (10M steps, best -6.35, continuous actions" in rows["| `maddpg`"]  # its own row: the note
     assert "| -9.62 ± 0.28 (10M steps, best -6.35) [1] |" in rows["| `maddpg-tf128`"]  # a listed variant: brief
     assert "-9.62" not in rows["| `maddpg-discrete`"]  # another action space: not listed
@@ -499,16 +502,16 @@ def test_eval_final_measures_each_seeds_last_checkpoint_and_the_readme_shows_it(
     result = load(out, "fake_a")
     result["per_seed"][0]["commit"] = "1" * 40
     (out / "env_x" / "fake_a.json").write_text(json.dumps(result))
-    row = next(line for line in make_readme.generate(out).read_text().splitlines() if line.startswith("| `fake_a` |"))
-    assert row.split(" | ")[4] == "—"
+    readme = make_readme.generate(out).read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `fake_a` (v1) |"))
+    assert row.split(" | ")[1] == "— (v1: not measured)"
 
 
 def test_eval_final_parses_the_line_every_script_prints():
     import eval_final
 
-    for path in sorted((ROOT / "algos").glob("*.py")):
-        source = path.read_text()
-        assert 'f"{returns.std():.2f} over {len(returns)} greedy episodes' in source, path.name
+    source = (ROOT / "runtime" / "evaluation.py").read_text()  # every script's --eval-checkpoint prints this line
+    assert 'f"{len(returns)} greedy episodes"' in source
     line = "simple_spread_v3 mappo runs/x/last.pt: episodic return -9.75 ± 3.21 over 500 greedy episodes; per group "
     parsed = eval_final.parse_line(line + "{'agent': -9.749964955851022}\n")
     assert parsed == {"mean": -9.749964955851022, "std": 3.21, "episodes": 500, "per_group": {"agent": parsed["mean"]}}
@@ -540,3 +543,38 @@ def test_the_published_final_policy_measurements_describe_the_published_results(
             assert "mean" in row or "error" in row, key
             if "mean" in row:
                 assert row["episodes"] == entry["episodes"] and "--eval-checkpoint" in row["command"], key
+
+
+def test_protocol_v2_final_evaluations_are_collected_and_are_the_readme_headline(local_sweep, tmp_path):
+    src, _, _ = local_sweep
+    out = tmp_path / "results"
+    shutil.copytree(src, out)
+    means = {}
+    for seed in (0, 1):  # what runtime.Run.finish writes at the end of every run
+        returns = [-9.0 - seed, -11.0 - seed]
+        means[seed] = float(np.mean(returns))
+        final = dict(protocol="v2", episodes=2, seed=10_000, global_step=1000, mean=means[seed],
+                     std=float(np.std(returns)), returns=returns, per_group={"agent": means[seed]})  # fmt: skip
+        (out / "runs" / "env_x" / "fake_a" / f"seed{seed}" / "final_eval.json").write_text(json.dumps(final))
+    assert collect.main(["--out", str(out)]) == 0
+    a, b = load(out, "fake_a"), load(out, "fake_b")
+    collect.check_result(a)
+    assert a["evaluation_protocol"] == "v2" and b["evaluation_protocol"] == "v1"  # fake_b's runs have none
+    assert [p["final_policy"]["mean"] for p in a["per_seed"]] == [means[0], means[1]]
+    assert a["summary"]["final_policy"]["mean"] == pytest.approx(np.mean(list(means.values())))
+    assert "final_policy" not in b["summary"]
+    text = make_readme.generate(out).read_text()
+    std = np.std(list(means.values()), ddof=1)
+    assert f"| `fake_a` | **{np.mean(list(means.values())):.2f} ± {std:.2f}** (2 seeds, 2 ep. each) |" in text
+    assert "| `fake_b` (v1) | — (v1: not measured) |" in text and "(v1): made under evaluation protocol v1" in text
+
+
+def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
+    algos = "maddpg maddpg-tf64 maddpg-tf128 maddpg-bs1024 maddpg-discrete matd3 iddpg iddpg-tf64 mappo ippo qmix"
+    results = [{"algo": a} for a in [*algos.split(), "mappo-continuous"]]
+    panels = make_readme.curve_styles(results)
+    assert list(panels) == ["DDPG family", "on-policy (PPO)", "qmix"]
+    for rows in panels.values():
+        styles = [(color, style) for _, color, style in rows]
+        assert len(set(styles)) == len(styles)
+    assert sum(len(rows) for rows in panels.values()) == len(results)
