@@ -26,3 +26,37 @@ def test_torch_load_always_weights_only():
             if "weights_only=True" not in call:
                 offenders.append(f"{path.relative_to(ROOT)}: {call}")
     assert not offenders, offenders
+
+
+SCRIPTS = sorted((ROOT / "algos").glob("*.py"))
+
+
+def test_scripts_hold_the_algorithm_and_the_layer_holds_the_plumbing():
+    """Each script is at most 450 lines, its training loop (main) starts in the first 60% of the file, and the run
+    around it (writers, checkpoints, signals, progress bars) is runtime/'s, never copied back into a script."""
+    plumbing = ("SummaryWriter", "signal.signal", "torch.save", "torch.load", "wandb.init", "tqdm(", "os.replace")
+    for path in SCRIPTS:
+        lines = path.read_text().splitlines()
+        main = next(i for i, line in enumerate(lines) if line.startswith("def main("))
+        assert len(lines) <= 450, f"{path.name}: {len(lines)} lines"
+        assert main / len(lines) <= 0.6, f"{path.name}: main starts at line {main + 1} of {len(lines)}"
+        assert not [p for p in plumbing if p in path.read_text()], f"{path.name} does the layer's work"
+        assert 'if __name__ == "__main__":\n    cli(Args, main)\n' in path.read_text(), path.name
+
+
+def test_every_flag_has_help_text():
+    """Every field of every Args (and of the shared RunArgs / MultiAgentArgs) is followed by its docstring."""
+    import ast
+
+    missing = []
+    for path in [*SCRIPTS, ROOT / "runtime" / "args.py"]:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Args"):
+                body = node.body
+                for i, stmt in enumerate(body):
+                    doc = body[i + 1] if i + 1 < len(body) else None
+                    if isinstance(stmt, ast.AnnAssign) and not (
+                        isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+                    ):
+                        missing.append(f"{path.name}: {node.name}.{stmt.target.id}")
+    assert not missing, missing
