@@ -1,17 +1,15 @@
 """Double DQN (Mnih et al. 2015; van Hasselt et al. 2016); results: results/CartPole-v1/dqn.json"""
 
-import os
 from dataclasses import dataclass
 from typing import Annotated
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import tyro
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
-from runtime import ArgumentError, Run, RunArgs, check_args, cli, evaluate_checkpoint, setup
+from runtime import Run, RunArgs, check_args, check_discrete, cli, evaluate_checkpoint, setup
 from runtime.args import make_gym_env
 
 ALGO = "dqn"
@@ -104,9 +102,7 @@ def main(args):
     check_args(args)
     device, rng = setup(args)
     env = make_gym_env(args, args.num_envs, args.seed)
-    if not isinstance(env.single_action_space, gym.spaces.Discrete):
-        raise ArgumentError(f"dqn needs a discrete action space, but {args.env_id} has {env.single_action_space}: "
-                            f"use ppo.py for continuous actions")  # fmt: skip
+    check_discrete(args, env, ALGO)
     obs_shape, n_actions = env.single_observation_space.shape, int(env.single_action_space.n)
     q_network = QNetwork(int(np.prod(obs_shape)), n_actions, args.dueling).to(device)
     target_network = QNetwork(int(np.prod(obs_shape)), n_actions, args.dueling).to(device)
@@ -130,16 +126,9 @@ def main(args):
         rb = PrioritizedReplayBuffer(args.buffer_size, args.num_envs, fields, alpha=args.prioritized_replay_alpha)
     else:
         rb = ReplayBuffer(args.buffer_size, args.num_envs, fields)
-    save_replay = lambda: rb.save(os.path.join(run.dir, "replay.npz")) if args.save_buffer else None  # noqa: E731
-    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env,
-              save_replay)  # fmt: skip
+    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step
-    train_start = global_step + args.learning_starts  # after a resume without replay.npz the buffer refills
-    replay_file = os.path.join(run.dir, "replay.npz")
-    if args.resume and os.path.exists(replay_file):
-        rb.load(replay_file)
-        train_start = global_step
-        print(f"resumed with the {len(rb)} transitions of {replay_file}")
+    train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
     obs, _ = env.reset()
     with run:

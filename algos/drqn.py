@@ -1,17 +1,15 @@
 """DRQN (Hausknecht & Stone 2015, arXiv:1507.06527) with a GRU; results: results/CartPole-PO-v1/drqn.json"""
 
-import os
 from dataclasses import dataclass
 from typing import Annotated
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import tyro
 
 from buffers import EpisodeReplayBuffer, to_torch
-from runtime import ArgumentError, Run, RunArgs, check_args, cli, evaluate_checkpoint, setup
+from runtime import ArgumentError, Run, RunArgs, check_args, check_discrete, cli, evaluate_checkpoint, setup
 from runtime.args import make_gym_env
 
 ALGO = "drqn"
@@ -102,9 +100,7 @@ def main(args):
     check_args(args)
     device, rng = setup(args)
     env = make_gym_env(args, args.num_envs, args.seed)
-    if not isinstance(env.single_action_space, gym.spaces.Discrete):
-        raise ArgumentError(f"drqn needs a discrete action space, but {args.env_id} has {env.single_action_space}: "
-                            f"use ppo.py for continuous actions")  # fmt: skip
+    check_discrete(args, env, ALGO)
     obs_shape, n_actions = env.single_observation_space.shape, int(env.single_action_space.n)
     q_network = RecurrentQNetwork(int(np.prod(obs_shape)), n_actions, args.hidden_size).to(device)
     target_network = RecurrentQNetwork(int(np.prod(obs_shape)), n_actions, args.hidden_size).to(device)
@@ -138,16 +134,9 @@ def main(args):
         "rewards": ((), np.float32),
         "terminated": ((), np.bool_),  # a time-limit end is not terminated: its last step bootstraps
     })  # fmt: skip
-    save_replay = lambda: rb.save(os.path.join(run.dir, "replay.npz")) if args.save_buffer else None  # noqa: E731
-    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env,
-              save_replay)  # fmt: skip
+    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step
-    train_start = global_step + args.learning_starts  # after a resume without replay.npz the buffer refills
-    replay_file = os.path.join(run.dir, "replay.npz")
-    if args.resume and os.path.exists(replay_file):
-        rb.load(replay_file)
-        train_start = global_step
-        print(f"resumed with the {len(rb)} episodes of {replay_file}")
+    train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
     obs, _ = env.reset()
     h = torch.zeros(1, args.num_envs, args.hidden_size, device=device)  # GRU state of each env's episode

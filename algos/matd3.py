@@ -1,7 +1,6 @@
 """MATD3 (Ackermann et al. 2019, arXiv:1910.01465); results: results/simple_spread_v3/matd3.json"""
 
 import copy
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,15 +213,8 @@ def main(args):
     fields = replay_fields(env.groups, env.state_shape, args)
     per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
     rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
-    save_replay = lambda: rb.save(os.path.join(run.dir, "replay.npz")) if args.save_buffer else None  # noqa: E731
-    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, save_replay)
+    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
-    replay_file = os.path.join(run.dir, "replay.npz")
-    if args.resume and os.path.exists(replay_file):
-        rb.load(replay_file)
-        print(f"resumed with the {len(rb)} transitions of {replay_file}")
-    elif args.resume:
-        print(f"{replay_file} does not exist: the replay buffer refills for {args.learning_starts} steps")
     learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
     next_log, losses = global_step + args.log_interval, {}
     obs = env.reset()

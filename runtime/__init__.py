@@ -28,7 +28,7 @@ Dependencies go one way: algos -> runtime -> {envs, buffers}.
 
 from runtime.args import MultiAgentArgs, RunArgs, cli, env_kwargs, env_signature, make_env, setup
 from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint
-from runtime.checks import ArgumentError, check_action_flags, check_args, check_groups
+from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.run import Run, RunStopped
 
@@ -43,6 +43,7 @@ __all__ = [
     "RunStopped",
     "check_action_flags",
     "check_args",
+    "check_discrete",
     "check_groups",
     "cli",
     "env_kwargs",

@@ -99,3 +99,12 @@ def check_action_flags(args, env, continuous_only=(), discrete_only=()) -> None:
                 hint = "add --continuous-actions" if not needs else "add --no-continuous-actions"
                 raise ArgumentError(f"{flag(name)} applies to {'discrete' if needs else 'continuous'} actions only, "
                                     f"and {args.env_id} has {have} actions here: drop it, or {hint}")  # fmt: skip
+
+
+def check_discrete(args, env, algo: str) -> None:
+    """A script for discrete actions (a Gymnasium env's single action space) refuses any other."""
+    import gymnasium as gym
+
+    if not isinstance(env.single_action_space, gym.spaces.Discrete):
+        raise ArgumentError(f"{algo} needs a discrete action space, but {args.env_id} has {env.single_action_space}: "
+                            f"use ppo.py for continuous actions")  # fmt: skip

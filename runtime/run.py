@@ -28,6 +28,8 @@ from runtime.args import env_signature, make_env
 from runtime.checkpoint import flag, load_checkpoint, restore, rng_state, save_checkpoint
 from runtime.evaluation import FINAL_SEED, add_video, evaluate, periodic_seed, record
 
+REPLAY_NAME = "replay.npz"
+
 
 class RunStopped(Exception):
     """A stop request (Ctrl-C, SIGTERM) was honoured after last.pt was written; the message says how to go on."""
@@ -61,13 +63,14 @@ class Run:
         network_flags: flags that shape the networks; a resumed checkpoint must have the same.
         same_flags: flags that shape the run (e.g. num_steps); --num-envs is always one.
         make_eval_env: `(num_envs, seed) -> env` (default: the standard PettingZoo env with the script's flags).
-        on_stop: called after last.pt is written on a stop request (e.g. to save the replay buffer).
+        replay: an off-policy script's replay buffer: --resume reloads it from replay.npz when a stop wrote one
+            (`run.replay_restored`), and a stop request writes it there with --save-buffer.
     """
 
     def __init__(self, args, algo, env, nets, optimizers, rng, make_greedy, network_flags=(), same_flags=(),
-                 make_eval_env=None, on_stop=None):  # fmt: skip
+                 make_eval_env=None, replay=None):  # fmt: skip
         self.args, self.algo, self.nets, self.optimizers, self.rng = args, algo, nets, optimizers, rng
-        self.make_greedy, self.on_stop = make_greedy, on_stop
+        self.make_greedy, self.replay, self.replay_restored = make_greedy, replay, False
         self.make_eval_env = make_eval_env or (lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync"))
         self.signature = env_signature(env)
         self.global_step, self.evals, self.best_eval, self.counters = 0, 0, -np.inf, {}
@@ -87,6 +90,7 @@ class Run:
                 f.write(json.dumps({"time": time.time(), "global_step": self.global_step, "changed": changed}) + "\n")
             if changed:
                 print("resumed with other flags: " + ", ".join(f"{flag(k)} {v}" for k, v in changed.items()))
+            self.restore_replay()
         else:
             self.dir = args.run_dir or f"runs/{args.env_id}__{algo}__{args.seed}__{int(time.time())}"
             os.makedirs(self.dir, exist_ok=True)
@@ -185,6 +189,18 @@ class Run:
 
     saved_step = 0
 
+    def restore_replay(self) -> None:
+        if self.replay is None:
+            return
+        path = os.path.join(self.dir, REPLAY_NAME)
+        if not os.path.exists(path):
+            print(f"{path} does not exist: the replay buffer refills from scratch")
+            return
+        self.replay.load(path)
+        self.replay_restored = True
+        unit = "episodes" if "Episode" in type(self.replay).__name__ else "transitions"
+        print(f"resumed with the {len(self.replay)} {unit} of {path}")
+
     def check_stop(self) -> None:
         if self.stop_signal is not None:
             self.stop()
@@ -194,8 +210,8 @@ class Run:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.bar.close()
         self.save("last.pt")
-        if self.on_stop is not None:
-            self.on_stop()
+        if self.replay is not None and getattr(self.args, "save_buffer", True):
+            self.replay.save(os.path.join(self.dir, REPLAY_NAME))
         self.close()
         raise RunStopped(f"stopped at step {self.global_step} ({signal.Signals(self.stop_signal).name}): saved "
                          f"{self.dir}/last.pt; continue with --resume {self.dir}")  # fmt: skip
