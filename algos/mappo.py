@@ -232,11 +232,13 @@ NETWORK_FLAGS = ("hidden_size", "share_params", "feature_norm", "rnn")  # what a
 
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
-    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    check_args(args, (not args.rnn or args.num_steps % args.rnn_chunk == 0,
-                      f"--rnn-chunk {args.rnn_chunk} must divide --num-steps {args.num_steps}"),
+    check_args(args, (args.num_minibatches <= args.batch_size, f"--num-minibatches {args.num_minibatches} exceeds "
+                      f"the rollout's {args.batch_size} env steps (--num-envs x --num-steps)"),
+               (not args.rnn or args.rnn_chunk < 1 or args.num_steps % args.rnn_chunk == 0,
+                f"--rnn-chunk {args.rnn_chunk} must divide --num-steps {args.num_steps}"),
                (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
                 f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     learners = check_groups(args, env)

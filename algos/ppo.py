@@ -154,12 +154,14 @@ NETWORK_FLAGS = ("hidden_size",)  # what a checkpoint's weights depend on (--nor
 
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    check_args(args, (args.minibatch_size >= 1, f"--num-minibatches {args.num_minibatches} exceeds the rollout's "
-                      f"{args.batch_size} samples (--num-envs x --num-steps)"),
+    check_args(args, (args.num_minibatches <= args.batch_size, f"--num-minibatches {args.num_minibatches} exceeds "
+                      f"the rollout's {args.batch_size} samples (--num-envs x --num-steps)"),
                (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
                 f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    args.minibatch_size, args.num_iterations = (
+        args.batch_size // args.num_minibatches,
+        args.total_timesteps // args.batch_size,
+    )
     device, rng = setup(args)
     env = make_gym_env(args, args.num_envs, args.seed)
     action_space = env.single_action_space
