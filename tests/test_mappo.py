@@ -170,6 +170,10 @@ def test_ctrl_c_or_sigterm_saves_last_checkpoint_and_exits_cleanly(sig, tmp_path
         (["--random-groups", "zombies"], "--random-groups ['zombies']"),
         (["--eval-checkpoint", "/no/such/file.pt"], "does not exist"),
         (["--rnn", "--rnn-chunk", "7"], "--rnn-chunk 7 must divide --num-steps 25"),
+        (["--num-steps", "0"], "--num-steps 0 must be a positive integer"),
+        (["--rnn", "--rnn-chunk", "0"], "--rnn-chunk 0 must be a positive integer"),
+        (["--num-minibatches", "51"], "--num-minibatches 51 exceeds the rollout's 50 env steps"),
+        (["--total-timesteps", "49"], "--total-timesteps 49 is less than one rollout"),
     ],
 )
 def test_bad_input_fails_with_one_clear_error(flags, message):
