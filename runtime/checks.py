@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
+
+import torch
 
 from runtime.checkpoint import flag
 
@@ -74,6 +77,12 @@ def check_args(args, *rules) -> None:
         and os.path.abspath(values["run_dir"]) != os.path.abspath(values["resume"])
     ):
         raise ArgumentError("--resume continues in its own directory: drop --run-dir")
+    if values.get("track") and importlib.util.find_spec("wandb") is None:
+        raise ArgumentError(
+            "--track logs to Weights & Biases, which is not installed: pip install wandb, or drop --track"
+        )
+    if values.get("cuda") and not torch.cuda.is_available():
+        raise ArgumentError("--cuda was given but no CUDA device is available: drop --cuda to train on the CPU")
     for ok, message in rules:
         if not ok:
             raise ArgumentError(message)

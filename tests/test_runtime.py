@@ -183,6 +183,15 @@ def test_every_bad_argument_is_refused_naming_the_flag(change, message):
         check_args(dataclasses.replace(Flags(), **change))
 
 
+def test_cuda_without_a_device_and_track_without_wandb_are_refused():
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        with pytest.raises(ArgumentError, match="--cuda was given but no CUDA device is available: drop --cuda"):
+            check_args(Flags(cuda=True))
+    with mock.patch("importlib.util.find_spec", return_value=None):
+        with pytest.raises(ArgumentError, match="--track logs to Weights & Biases, which is not installed"):
+            check_args(Flags(track=True))
+
+
 def test_script_rules_and_good_arguments():
     check_args(Flags())  # the defaults pass
     with pytest.raises(ArgumentError, match="my rule"):
