@@ -141,9 +141,8 @@ def cli(args_class, main):
 
 
 def setup(args):
-    """Threads, seeds and device, in the order every script uses: returns (device, numpy Generator)."""
-    if args.cuda and not torch.cuda.is_available():
-        raise ValueError("--cuda was given but no CUDA device is available: drop --cuda to train on the CPU")
+    """Threads, seeds and device, in the order every script uses: returns (device, numpy Generator). (check_args
+    has refused --cuda without a device.)"""
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     random.seed(args.seed)
