@@ -79,12 +79,16 @@ class Run:
             self.dir = args.resume
             self.lock = lock(self.dir)
             path = os.path.join(self.dir, "last.pt")
-            ckpt = load_checkpoint(path, algo, args, self.signature, network_flags, ("num_envs", *same_flags))
-            restore(ckpt, path, nets, optimizers, rng)
+            try:
+                ckpt = load_checkpoint(path, algo, args, self.signature, network_flags, ("num_envs", *same_flags))
+                restore(ckpt, path, nets, optimizers, rng)
+            except ValueError:
+                os.close(self.lock)  # a refused resume leaves the directory free
+                raise
             if os.path.exists(os.path.join(self.dir, "DONE")):
                 os.remove(os.path.join(self.dir, "DONE"))  # it trains again, e.g. to a larger --total-timesteps
             self.global_step, self.evals, self.best_eval = ckpt["global_step"], ckpt["evals"], ckpt["best_eval"]
-            self.counters = dict(ckpt["counters"])
+            self.counters, self.saved_step = dict(ckpt["counters"]), self.global_step
             changed = {k: v for k, v in self.config().items() if ckpt["args"].get(k) != v and k != "resume"}
             with open(os.path.join(self.dir, "resumes.jsonl"), "a") as f:  # config.json stays the first run's
                 f.write(json.dumps({"time": time.time(), "global_step": self.global_step, "changed": changed}) + "\n")
@@ -106,7 +110,7 @@ class Run:
 
             name = os.path.basename(os.path.normpath(self.dir))
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=self.config(), name=name,
-                       sync_tensorboard=True, resume="allow")  # fmt: skip
+                       sync_tensorboard=True)  # fmt: skip
         self.writer = SummaryWriter(self.dir)
         every = args.eval_interval
         self.next_eval = (self.global_step // every + 1) * every if every else None
