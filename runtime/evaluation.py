@@ -80,7 +80,7 @@ def evaluate(make_env, make_greedy, episodes: int, seed: int, stop=None):
     return np.concatenate(returns), {k: np.concatenate(v) for k, v in groups.items()}
 
 
-def record(args, make_env, make_greedy, path: str, seed: int):
+def record(args, make_greedy, path: str, seed: int):
     """Film one greedy episode (env seeded `seed`) to the mp4 `path`; returns its frames (T, H, W, 3) or None."""
     import envs
     from runtime.args import env_kwargs
@@ -133,7 +133,7 @@ def evaluate_checkpoint(args, algo, env, nets, make_env, make_greedy, network_fl
     returns, groups = evaluate(make_env, make_greedy, args.eval_episodes, FINAL_SEED)
     video = os.path.join(os.path.dirname(path), "eval.mp4") if args.capture_video else None
     if video:
-        record(args, make_env, make_greedy, video, FINAL_SEED)
+        record(args, make_greedy, video, FINAL_SEED)
     per_group = {g: float(np.mean(r)) for g, r in groups.items()}
     print(f"{args.env_id} {algo} {path}: episodic return {returns.mean():.2f} ± {returns.std():.2f} over "
           f"{len(returns)} greedy episodes" + (f"; per group {per_group}" if per_group else "")

@@ -240,7 +240,7 @@ class Run:
         return self.last_eval
 
     def video(self, path, seed, step):
-        frames = record(self.args, self.make_eval_env, self.make_greedy, path, seed)
+        frames = record(self.args, self.make_greedy, path, seed)
         if frames is not None:
             add_video(self.writer, "eval/video", frames, step)
         if self.args.track:
