@@ -285,10 +285,32 @@ def seed_metrics(run_dir: Path) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
         "wall_time_s": float(wall_time),
         "sps": sps,
     }
-    final = read_json(Path(run_dir) / FINAL_EVAL_NAME)
-    if final is not None:  # protocol v2: the final policy on the fixed episode set
-        metrics["final_policy"] = {k: final.get(k) for k in ("mean", "std", "episodes", "protocol", "per_group")}
+    if (Path(run_dir) / FINAL_EVAL_NAME).exists():  # protocol v2: the final policy on the fixed episode set
+        metrics["final_policy"] = read_final_eval(Path(run_dir) / FINAL_EVAL_NAME)
     return metrics, (steps, values)
+
+
+def read_final_eval(path: Path) -> dict:
+    """A run's final_eval.json reduced to what a result keeps (mean, std, episodes, protocol, per_group); a file that
+    is not a v2 evaluation (unreadable, another protocol, a missing number, returns that disagree) is an error."""
+    final = read_json(path)
+    if not isinstance(final, dict):
+        raise CollectError(f"{path}: not a JSON object")
+    number = (int, float)
+    problems = [f"'{k}' is not a number" for k in ("mean", "std") if not isinstance(final.get(k), number)]
+    if final.get("protocol") != "v2":
+        problems.append(f"protocol {final.get('protocol')!r}, expected 'v2'")
+    episodes = final.get("episodes")
+    if not isinstance(episodes, int) or episodes < 1:
+        problems.append(f"episodes {episodes!r}")
+    elif len(final.get("returns") or []) != episodes:
+        problems.append(f"{len(final.get('returns') or [])} returns for {episodes} episodes")
+    if not isinstance(final.get("per_group", {}), dict):
+        problems.append("per_group is not an object")
+    if problems:
+        raise CollectError(f"{path}: not a protocol v2 final evaluation: {'; '.join(problems)}")
+    return {"mean": final["mean"], "std": final["std"], "episodes": episodes, "protocol": "v2",
+            "per_group": final.get("per_group", {})}  # fmt: skip
 
 
 def _common_and_varying(configs: dict[int, dict | None]) -> tuple[dict, dict]:

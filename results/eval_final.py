@@ -15,7 +15,8 @@ ground), through the script's own ``--eval-checkpoint`` on the standard env, and
     python results/eval_final.py --envs simple_spread_v3 --algos maddpg,iddpg --episodes 1000
 
 A seed is evaluated only when its run directory still holds the run the result file describes (same
-command and commit in run.json): a newer sweep into the same directory is not mistaken for it.
+command and commit in run.json): a newer sweep into the same directory is not mistaken for it. Results of
+evaluation protocol v2 are skipped: each of their runs made this measurement itself at its end (final_eval.json).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect import RECORD_NAME, read_json, run_dir_for, sample_std  # noqa: E402
+from collect import FINAL_EVAL_NAME, RECORD_NAME, read_json, run_dir_for, sample_std  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = RESULTS_DIR.parent
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         if result["algo"] not in (wanted_algos or {result["algo"]}):
             continue
         key = f"{result['env_id']}/{result['algo']}"
+        if result.get("evaluation_protocol") == "v2":
+            print(f"{key}: protocol v2, its runs measured their final policies themselves ({FINAL_EVAL_NAME})")
+            continue
         done = matches(stored.get(key), result) and stored[key]["summary"]["n"] == len(result["per_seed"])
         if not args.force and done and stored[key]["episodes"] == args.episodes:
             print(f"{key}: already evaluated on {args.episodes} episodes (--force to redo)")

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import shlex
 import sys
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -143,45 +144,70 @@ def as_array(values: list) -> np.ndarray:
 
 FAMILIES = {"mappo": "on-policy (PPO)", "ippo": "on-policy (PPO)", "ppo": "on-policy (PPO)", "maddpg": "DDPG family",
             "matd3": "DDPG family", "iddpg": "DDPG family", "dqn": "value-based", "drqn": "value-based"}  # fmt: skip
-LINESTYLES = ("-", "--", ":", "-.")
+BASE_STYLE = "-"
+VARIANT_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # a base's 1st variant '--', 2nd ':', ...
+REFERENCE_STYLE = (0, (8, 4))  # long thin dashes: a published figure, as a horizontal line
 
 
-def curve_styles(results: list[dict]) -> dict[str, list[tuple[dict, str, str]]]:
+def curve_styles(results: list[dict]) -> dict[str, list[tuple[dict, tuple, str | tuple]]]:
     """Panels of the curves figure: family -> [(result, colour, linestyle)], every pair distinct within a panel.
 
-    A row's family is that of its base algorithm (the name before the first '-'); a base keeps one colour, and its
-    variants (mappo-continuous, maddpg-tf64, ...) differ from it by line style."""
+    A row's family is that of its base algorithm (the name before the first '-'); panels come in FAMILIES' order,
+    then other bases by name. Within a panel every row has its own colour (tab10 less its grey, in name order, so a
+    base and its variants sit side by side) and the line style tells the variants: the base solid, its variants
+    (mappo-continuous, maddpg-tf64, ...) dashed, dotted, ... Past nine rows a colour comes back with another style
+    (up to 54 rows a panel)."""
     import matplotlib
 
-    colors = matplotlib.colormaps["tab10"].colors
+    colors = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i != 7]  # no grey: the grid's
     panels: dict[str, list] = {}
     for result in sorted(results, key=lambda r: r["algo"]):
         base = result["algo"].split("-")[0]
         panels.setdefault(FAMILIES.get(base, base), []).append((result, base))
+    order = list(dict.fromkeys(FAMILIES.values()))  # the same panel order in every figure, then others by name
+    panels = dict(sorted(panels.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
     styled = {}
     for family, rows in panels.items():
-        bases = list(dict.fromkeys(base for _, base in rows))
-        seen: dict[str, int] = {}
-        styled[family] = []
-        for result, base in rows:
-            k = seen[base] = seen.get(base, -1) + 1
-            color = colors[(bases.index(base) + k // len(LINESTYLES) * len(bases)) % len(colors)]
-            styled[family].append((result, color, LINESTYLES[k % len(LINESTYLES)]))
+        styled[family], used = [], set()
+        for i, (result, base) in enumerate(rows):
+            k = sum(1 for r, b in rows[:i] if b == base and r["algo"] != base)  # earlier variants of this base
+            preferred = BASE_STYLE if result["algo"] == base else VARIANT_STYLES[k % len(VARIANT_STYLES)]
+            color = colors[i % len(colors)]
+            style = next(s for s in (preferred, BASE_STYLE, *VARIANT_STYLES) if (color, s) not in used)
+            used.add((color, style))
+            styled[family].append((result, color, style))
     return styled
 
 
-def plot_curves(env_id: str, results: list[dict], path: Path) -> None:
-    """Mean learning curve and 95% CI band per algorithm, one panel per family (shared y axis), saved as a PNG with no
-    varying metadata."""
+def panel_references(panels: dict[str, list], references: list[dict]) -> dict[str, list[tuple[dict, tuple]]]:
+    """The published figures (of the panels' env) each panel shows: family -> [(reference, colour)], in the colour of
+    the reference's algorithm, else of the first of its listed variants that is plotted; with neither, none."""
+    drawn: dict[str, list] = {family: [] for family in panels}
+    for ref in sorted(references, key=lambda r: r["algo"]):
+        for family, rows in panels.items():
+            colors = {result["algo"]: color for result, color, _ in rows}
+            algo = next((a for a in [ref["algo"], *ref.get("variants", [])] if a in colors), None)
+            if algo is not None:
+                drawn[family].append((ref, colors[algo]))
+                break
+    return drawn
+
+
+def plot_curves(env_id: str, results: list[dict], path: Path, references: list[dict] = ()) -> None:
+    """Mean learning curve and 95% CI band per algorithm, one panel per family (shared y axis, a legend below each),
+    the published figures as horizontal lines; saved as a PNG with no varying metadata."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     panels = curve_styles(results)
+    refs = panel_references(panels, [ref for ref in references if ref["env_id"] == env_id])
+    legend_rows = max((len(rows) + len(refs[family]) + 1) // 2 for family, rows in panels.items())
     with matplotlib.rc_context():
         matplotlib.rcdefaults()  # ignore any matplotlibrc: the same JSON must give the same bytes
-        fig = Figure(figsize=(4.6 * len(panels) + 0.6, 4.4), dpi=100)
+        fig = Figure(figsize=(5.2 * len(panels) + 0.4, 4.2 + 0.2 * legend_rows), dpi=100, layout="constrained")
         axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
         for ax, (family, rows) in zip(axes, panels.items(), strict=True):
             for result, color, style in rows:
@@ -190,14 +216,20 @@ def plot_curves(env_id: str, results: list[dict], path: Path) -> None:
                 label = f"{result['algo']} ({len(result['seeds'])} seeds)"
                 ax.plot(steps, as_array(curve["mean"]), color=color, linestyle=style, linewidth=1.6, label=label)
                 low, high = as_array(curve["ci95_low"]), as_array(curve["ci95_high"])
-                ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
+                ax.fill_between(steps, low, high, color=color, alpha=0.12, linewidth=0)
+            for ref, color in refs[family]:
+                label = f"{ref['algo']}: published {fmt(ref['mean'])} ({fmt_steps(ref['total_timesteps'])} steps)"
+                ax.axhline(ref["mean"], color=color, linestyle=REFERENCE_STYLE, linewidth=1.1, label=label)
             ax.set_title(family, fontsize=10)
             ax.set_xlabel("environment steps")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_steps(int(round(x))) if x > 0 else "0"))
             ax.grid(alpha=0.3)
-            ax.legend(loc="lower right", fontsize=8)
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, fontsize=8, frameon=False)
         axes[0].set_ylabel("evaluation return (mean over agents)")
-        fig.suptitle(f"{env_id}: periodic greedy evaluations (mean and 95% bootstrap CI over seeds)", fontsize=10)
-        fig.tight_layout()
+        about = "periodic greedy evaluations: mean and 95% bootstrap CI over seeds"
+        about += "; long dashes: published figures" if any(refs.values()) else ""
+        width = fig.get_figwidth() * fig.dpi / 6.5  # characters of a 10-point line that fit
+        fig.suptitle(f"{env_id}\n" + textwrap.fill(about, int(width)), fontsize=10)
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png", metadata={"Software": None})
 
@@ -310,7 +342,7 @@ def env_section(
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if old:
-        lines += [f"(v1): made under evaluation protocol v1, before {V1_NOTE}", ""]
+        lines += [f"(v1): made under evaluation protocol v1: {V1_NOTE}", ""]
     lines += group_table(results)
     for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
         source, protocol = notes[number - 1]
@@ -353,7 +385,7 @@ def env_section(
 
 
 FINAL_POLICY_PROTOCOL = (
-    "the headline. Evaluation protocol v2: at the end of every run the script plays its final policy greedily on"
+    "evaluation protocol v2: at the end of every run the script plays its final policy greedily on"
     " the standard env over a fixed set of 1000 episodes (env i seeded 10000 + i), the same for every algorithm and"
     " seed, so rows compare pairwise (final_eval.json in the run dir); the cell is the mean ± std over seeds of the"
     " per-seed means. Rows marked (v1) were made before: `python results/eval_final.py` measured the same 1000"
@@ -361,10 +393,10 @@ FINAL_POLICY_PROTOCOL = (
     " exactly the row's runs)."
 )
 V1_NOTE = (
-    "every run measured its own final policy: its periodic evaluations replayed the same episodes every time (env i"
-    " of seed s's evaluations seeded s + 10000 + i, so seeds 0-4 shared 14 start configurations), so the periodic"
-    " columns carry the luck of those few episodes, and the final-policy cell comes from results/eval_final.py"
-    " (or is not measured). Rerun the row to bring it to v2."
+    "its periodic evaluations replayed the same 10 episodes every time (env i of seed s seeded s + 10000 + i, so"
+    " seeds 0-4 shared 14 start configurations, whose luck the periodic columns carry), and the run did not measure"
+    " its final policy: the final-policy cell was measured afterwards by results/eval_final.py (each seed's last.pt"
+    " on the same 1000 episodes as v2), or says not measured. Rerun the row to bring it to v2."
 )
 
 
@@ -420,11 +452,12 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
     """Write ``<out>/README.md`` and ``<out>/<env_id>/curves.png`` per env; returns the README path."""
     out = Path(out)
     by_env = load_results(out)
+    references = load_references(reference)
     for env_id, results in by_env.items():
-        plot_curves(env_id, results, out / env_id / CURVES_NAME)
+        plot_curves(env_id, results, out / env_id / CURVES_NAME, references)
     readme = out / "README.md"
     finals = read_json(out / eval_final.OUTPUT_NAME) or {}
-    readme.write_text(render(out, by_env, load_references(reference), finals))
+    readme.write_text(render(out, by_env, references, finals))
     return readme
 
 

@@ -567,14 +567,76 @@ def test_protocol_v2_final_evaluations_are_collected_and_are_the_readme_headline
     std = np.std(list(means.values()), ddof=1)
     assert f"| `fake_a` | **{np.mean(list(means.values())):.2f} ± {std:.2f}** (2 seeds, 2 ep. each) |" in text
     assert "| `fake_b` (v1) | — (v1: not measured) |" in text and "(v1): made under evaluation protocol v1" in text
+    assert "| `fake_a` (v1)" not in text
+    header = next(line for line in text.splitlines() if line.startswith("| algorithm | "))
+    assert header.split(" | ")[1].startswith("**final policy**")  # the headline: the first numeric column
+    # eval_final.py leaves a v2 result alone: its runs measured the same thing themselves
+    import eval_final
+
+    assert eval_final.main(["--out", str(out), "--algos", "fake_a"]) == 0
+    assert not (out / eval_final.OUTPUT_NAME).exists()
 
 
 def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
     algos = "maddpg maddpg-tf64 maddpg-tf128 maddpg-bs1024 maddpg-discrete matd3 iddpg iddpg-tf64 mappo ippo qmix"
     results = [{"algo": a} for a in [*algos.split(), "mappo-continuous"]]
     panels = make_readme.curve_styles(results)
-    assert list(panels) == ["DDPG family", "on-policy (PPO)", "qmix"]
+    assert list(panels) == ["on-policy (PPO)", "DDPG family", "qmix"]  # every figure in the same order
     for rows in panels.values():
         styles = [(color, style) for _, color, style in rows]
         assert len(set(styles)) == len(styles)
+        assert len({color for color, _ in styles}) == len(styles)  # up to nine rows, a colour each
+        for result, _, style in rows:  # the base solid, its variants not
+            assert (style == "-") == ("-" not in result["algo"]), result["algo"]
     assert sum(len(rows) for rows in panels.values()) == len(results)
+    many = make_readme.curve_styles([{"algo": f"maddpg-v{i}"} for i in range(30)])["DDPG family"]
+    assert len({(color, style) for _, color, style in many}) == 30  # colours come back, never with the same style
+
+
+def test_published_figures_are_drawn_in_the_colour_of_their_algorithm(tmp_path):
+    results = [{"algo": a, "env_id": "e"} for a in ("maddpg", "maddpg-tf64", "iddpg-tf64", "mappo-continuous")]
+    panels = make_readme.curve_styles(results)
+    colour = {r["algo"]: c for rows in panels.values() for r, c, _ in rows}
+    ref = dict(env_id="e", mean=-10.0, total_timesteps=10)
+    references = [
+        ref | {"algo": "maddpg", "variants": ["maddpg-tf64"]},  # its own row's colour, not its variant's
+        ref | {"algo": "iddpg", "variants": ["iddpg-tf64"]},  # not run itself: the colour of its listed variant
+        ref | {"algo": "matd3"},  # neither it nor a variant plotted: not drawn
+        ref | {"algo": "mappo-continuous"},
+    ]
+    drawn = make_readme.panel_references(panels, references)
+    as_pairs = {family: [(r["algo"], c) for r, c in refs] for family, refs in drawn.items()}
+    assert as_pairs == {
+        "DDPG family": [("iddpg", colour["iddpg-tf64"]), ("maddpg", colour["maddpg"])],
+        "on-policy (PPO)": [("mappo-continuous", colour["mappo-continuous"])],
+    }
+    curve_styles = {style for rows in panels.values() for _, _, style in rows}
+    assert make_readme.REFERENCE_STYLE not in curve_styles | set(make_readme.VARIANT_STYLES)
+    # and the figure shows them: the same curves with the published figures give another PNG
+    real = [json.loads((RESULTS / "simple_spread_v3" / f"{a}.json").read_text()) for a in ("maddpg", "mappo")]
+    published = [r for r in make_readme.load_references(make_readme.REFERENCE_FILE) if r["algo"] == "maddpg"]
+    make_readme.plot_curves("simple_spread_v3", real, tmp_path / "without.png")
+    make_readme.plot_curves("simple_spread_v3", real, tmp_path / "with.png", published)
+    assert (tmp_path / "without.png").read_bytes() != (tmp_path / "with.png").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(protocol="v1"), "protocol 'v1', expected 'v2'"),
+        (dict(mean=None), "'mean' is not a number"),
+        (dict(returns=[-9.0]), "1 returns for 2 episodes"),
+    ],
+)
+def test_a_final_eval_that_is_not_protocol_v2_is_refused_by_name(tmp_path, change, message):
+    final = dict(protocol="v2", episodes=2, seed=10_000, global_step=1000, mean=-10.0, std=1.0,
+                 returns=[-9.0, -11.0], per_group={"agent": -10.0})  # fmt: skip
+    path = tmp_path / "final_eval.json"
+    path.write_text(json.dumps(final))
+    assert collect.read_final_eval(path) == dict(
+        mean=-10.0, std=1.0, episodes=2, protocol="v2", per_group=final["per_group"]
+    )
+    path.write_text(json.dumps(final | change))
+    with pytest.raises(collect.CollectError, match=message) as error:
+        collect.read_final_eval(path)
+    assert str(path) in str(error.value)
