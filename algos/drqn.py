@@ -183,32 +183,11 @@ def main(args):
 # --- what the loop calls: the recurrent double-DQN update on episode windows ---
 
 
-def training_window(batch, args, rng):
-    """The rows the GRU unrolls over (W, B, ...) and the loss mask over them.
-
-    Whole episodes: every filled step after the first --burn-in. With --seq-len: per episode a random window
-    of seq_len steps, preceded by up to --burn-in steps that only build the GRU state (from zero).
-    """
-    filled = batch["filled"]  # (L + 1, B): True on real steps; row len holds the final observation
-    if args.seq_len == 0:
-        loss_mask = filled.copy()
-        loss_mask[: args.burn_in] = False
-        return {k: v for k, v in batch.items() if k != "indices"}, loss_mask
-    rows, batch_size = filled.shape
-    lengths = filled.sum(0)
-    start = (rng.random(batch_size) * (np.maximum(lengths - args.seq_len, 0) + 1)).astype(np.int64)
-    first = np.maximum(start - args.burn_in, 0)  # the row the GRU starts from
-    step = first[None] + np.arange(args.burn_in + args.seq_len + 1)[:, None]  # (W, B) absolute rows
-    idx = np.minimum(step, rows - 1)  # past the end: padding, masked out below
-    window = {k: v[idx, np.arange(batch_size)] for k, v in batch.items() if k != "indices"}
-    return window, window["filled"] & (step >= start) & (step < start + args.seq_len)
-
-
 def update(q_network, target_network, optimizer, rb, args, device, rng):
     """One gradient step on replayed sequences: Double-DQN targets, squared TD error over the masked steps."""
-    window, loss_mask = training_window(rb.sample(args.batch_size, rng), args, rng)
-    mb = to_torch(window, device)
-    mask = torch.as_tensor(loss_mask[:-1], dtype=torch.float32, device=device)  # a step's target needs row t + 1
+    # whole episodes, or random --seq-len windows after up to --burn-in steps that only build the GRU state
+    mb = to_torch(rb.sample(args.batch_size, rng, seq_len=args.seq_len, burn_in=args.burn_in), device)
+    mask = mb["loss_mask"][:-1].float()  # a step's target needs row t + 1
     q, _ = q_network(mb["obs"])  # (W, B, n_actions), unrolled from a zero state
     # TARGETS: the online network picks the next action, the target network evaluates it
     with torch.no_grad():

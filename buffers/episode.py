@@ -90,11 +90,17 @@ class EpisodeReplayBuffer(Snapshot):
             self.priorities.add(slots)
         return slots
 
-    def sample(self, batch_size, rng, beta=0.4):
-        """A batch of whole episodes, time-major: dict name -> (L + 1, batch, *shape).
+    def sample(self, batch_size, rng, beta=0.4, seq_len=0, burn_in=0):
+        """A batch of episodes, time-major: dict name -> (L + 1, batch, *shape).
 
-        L is the longest episode in the batch (padding beyond it is dropped). Also returns
-        ``filled`` (L + 1, batch) bool, True on real steps, and ``indices``; ``weights`` when prioritized.
+        ``seq_len=0``: whole episodes; L is the longest episode in the batch (padding beyond it is dropped).
+        ``seq_len > 0``: per episode a random window of ``seq_len`` steps (R2D2-style), preceded by up to
+        ``burn_in`` steps that only warm up a recurrent state, and followed by one row for the bootstrap;
+        then L = burn_in + seq_len and rows past an episode's end are padding.
+
+        Also returns ``filled`` (L + 1, batch) bool, True on real steps; ``loss_mask`` (L + 1, batch) bool,
+        the steps a loss counts (filled, not burn-in, inside the window); ``indices``; ``weights`` when
+        prioritized. One ``rng.random(batch)`` draw places the windows, after the episodes are drawn.
         """
         if self.size == 0:
             raise BufferInputError("cannot sample from an empty episode buffer: finish() an episode first")
@@ -102,16 +108,30 @@ class EpisodeReplayBuffer(Snapshot):
             raise BufferInputError(
                 f"batch_size={batch_size} but the buffer holds {self.size} episodes: sample at most that many"
             )
+        if seq_len < 0 or burn_in < 0:
+            raise BufferInputError(f"seq_len={seq_len} and burn_in={burn_in} must be >= 0")
         batch = {}
         if self.priorities is None:
             indices = rng.choice(self.size, batch_size, replace=False)
         else:
             indices, batch["weights"] = self.priorities.sample(batch_size, beta, rng, self.size)
         lengths = self.lengths[indices]
-        rows = int(lengths.max()) + 1
-        for name in self.schema:
-            batch[name] = np.swapaxes(self.data[name][indices, :rows], 0, 1)
-        batch["filled"] = np.arange(rows)[:, None] < lengths[None, :]
+        if seq_len == 0:
+            rows = int(lengths.max()) + 1
+            for name in self.schema:
+                batch[name] = np.swapaxes(self.data[name][indices, :rows], 0, 1)
+            batch["filled"] = np.arange(rows)[:, None] < lengths[None, :]
+            batch["loss_mask"] = batch["filled"].copy()
+            batch["loss_mask"][:burn_in] = False
+        else:
+            start = (rng.random(batch_size) * (np.maximum(lengths - seq_len, 0) + 1)).astype(np.int64)
+            first = np.maximum(start - burn_in, 0)  # the row the recurrent state starts from
+            step = first[None] + np.arange(burn_in + seq_len + 1)[:, None]  # (L + 1, batch) rows of the episodes
+            idx = np.minimum(step, self.max_len)  # past the end: padding, masked out below
+            for name in self.schema:
+                batch[name] = self.data[name][indices[None], idx]
+            batch["filled"] = step < lengths[None, :]
+            batch["loss_mask"] = batch["filled"] & (step >= start) & (step < start + seq_len)
         batch["indices"] = indices
         return batch
 

@@ -15,7 +15,8 @@ from runtime.checkpoint import flag
 # flags that exist in several scripts, by what they must be (a script checks the ones it has)
 POSITIVE_INT = ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "eval_episodes",
                 "batch_size", "buffer_size", "train_frequency", "gradient_steps", "hidden_size", "rnn_chunk",
-                "log_interval", "target_network_frequency", "policy_frequency", "n_step")  # fmt: skip
+                "log_interval", "target_network_frequency", "policy_frequency", "n_step", "mixing_embed_dim",
+                "hypernet_embed")  # fmt: skip
 NON_NEGATIVE_INT = (
     "seed",
     "eval_interval",
@@ -29,7 +30,7 @@ POSITIVE = ("learning_rate", "actor_lr", "critic_lr", "q_lr", "max_grad_norm", "
 NON_NEGATIVE = ("ent_coef", "vf_coef", "huber_delta", "exploration_noise", "policy_noise", "noise_clip",
                 "actor_reg", "target_policy_noise", "target_noise_clip")  # fmt: skip
 UNIT = ("gamma", "gae_lambda", "tau", "prioritized_replay_alpha", "prioritized_replay_beta", "start_e", "end_e",
-        "exploration_fraction", "td_lambda")  # fmt: skip
+        "exploration_fraction", "td_lambda", "weighting_alpha")  # fmt: skip
 
 
 class ArgumentError(ValueError):
@@ -110,10 +111,17 @@ def check_action_flags(args, env, continuous_only=(), discrete_only=()) -> None:
                                     f"and {args.env_id} has {have} actions here: drop it, or {hint}")  # fmt: skip
 
 
-def check_discrete(args, env, algo: str) -> None:
-    """A script for discrete actions (a Gymnasium env's single action space) refuses any other."""
+def check_discrete(args, env, algo: str, alternatives: str = "ppo.py") -> None:
+    """A script for discrete actions refuses any other: a Gymnasium env's single action space, or every group of
+    one of our multi-agent envs. `alternatives` names the scripts that handle continuous actions."""
+    if hasattr(env, "groups"):
+        if continuous := [g for g, spec in env.groups.items() if not spec.discrete]:
+            hint = "drop --continuous-actions, or " if getattr(args, "continuous_actions", False) else ""
+            raise ArgumentError(f"{algo} needs discrete actions, but {args.env_id} has continuous actions for "
+                                f"{continuous} here: {hint}use {alternatives} for continuous actions")  # fmt: skip
+        return
     import gymnasium as gym
 
     if not isinstance(env.single_action_space, gym.spaces.Discrete):
         raise ArgumentError(f"{algo} needs a discrete action space, but {args.env_id} has {env.single_action_space}: "
-                            f"use ppo.py for continuous actions")  # fmt: skip
+                            f"use {alternatives} for continuous actions")  # fmt: skip

@@ -274,6 +274,33 @@ def test_episodes_from_envs_finishing_at_different_steps_are_padded_with_filled_
     assert eb.t.tolist() == [0, 2]  # env 1's second episode (steps 2, 3) is still running
 
 
+def test_episode_windows_burn_in_then_seq_len_steps_then_the_bootstrap_row():
+    eb = EpisodeReplayBuffer(20, max_len=9, num_envs=1, fields=EPISODE_FIELDS)
+    for length in (9, 2, 6, 4, 9, 1):  # obs = 100 * episode + step; the final observation is 100 * episode + 99
+        for t in range(length):
+            eb.add(obs=np.full((1, OBS), 100 * len(eb) + t, np.float32), actions=np.array([t]), rewards=np.ones(1))
+        eb.finish([0], obs=np.full((1, OBS), 100 * len(eb) + 99, np.float32))
+    seq_len, burn_in = 3, 2
+    batch = eb.sample(6, np.random.default_rng(0), seq_len=seq_len, burn_in=burn_in)
+    assert batch["obs"].shape == (burn_in + seq_len + 1, 6, OBS)
+    for b, episode in enumerate(batch["indices"]):
+        length, obs = eb.lengths[episode], batch["obs"][:, b, 0] - 100 * episode
+        loss, filled = batch["loss_mask"][:, b], batch["filled"][:, b]
+        steps = np.flatnonzero(loss)
+        assert steps.size == min(seq_len, length)  # a window of seq_len steps, or the whole of a shorter episode
+        first, start = obs[0], obs[steps[0]]  # the GRU starts at `first`, the loss at `start`
+        assert first == max(start - burn_in, 0) and np.all(np.diff(steps) == 1)
+        np.testing.assert_array_equal(filled, first + np.arange(len(obs)) < length)
+        real = np.flatnonzero(filled)
+        np.testing.assert_array_equal(obs[real], first + real)  # consecutive steps from the window's first row
+        after = obs[steps[-1] + 1]  # the row after the last loss step: the next step, or the final observation
+        assert after == (start + steps.size if start + steps.size < length else 99)
+    whole = eb.sample(6, np.random.default_rng(0), burn_in=2)  # whole episodes: the first burn_in steps only warm up
+    np.testing.assert_array_equal(whole["loss_mask"], whole["filled"] & (np.arange(10) >= 2)[:, None])
+    with pytest.raises(BufferInputError, match="seq_len=-1"):
+        eb.sample(2, np.random.default_rng(0), seq_len=-1)
+
+
 def test_episode_buffer_errors_and_prioritized_episodes():
     eb = EpisodeReplayBuffer(4, max_len=2, num_envs=1, fields=EPISODE_FIELDS, alpha=0.6)
     rng = np.random.default_rng(0)

@@ -1,0 +1,353 @@
+"""QMIX (Rashid et al. 2018, arXiv:1803.11485); results: results/simple_spread_v3/qmix.json"""
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from buffers import EpisodeReplayBuffer, to_torch
+from buffers.kernels import nstep_returns, td_lambda
+from runtime import (
+    ArgumentError,
+    MultiAgentArgs,
+    Run,
+    check_args,
+    check_discrete,
+    check_groups,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    setup,
+)
+
+ALGO = "qmix"
+CONTINUOUS = "mappo.py, ippo.py, maddpg.py, matd3.py or iddpg.py"  # the scripts for continuous actions
+
+
+@dataclass
+class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
+    num_envs: int = 32
+    """parallel training envs"""
+    save_buffer: bool = True
+    """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
+
+    # --- QMIX (the learning groups form one team; its reward is the mean of its agents' rewards) ---
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    buffer_size: int = 5_000
+    """replay capacity in episodes"""
+    max_episode_len: int | None = None
+    """longest storable episode (default: the env's time limit)"""
+    batch_size: int = 128
+    """episodes per gradient step"""
+    gamma: float = 0.99
+    """discount factor"""
+    td_lambda: float = 0.6
+    """lambda of the TD(lambda) targets (0: one-step targets)"""
+    n_step: int = 1
+    """n-step targets in place of TD(lambda) (needs --td-lambda 0)"""
+    tau: float = 1.0
+    """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
+    target_network_frequency: int = 5_000
+    """env steps between target-network updates"""
+    start_e: float = 1.0
+    """epsilon at the start of exploration"""
+    end_e: float = 0.05
+    """epsilon at the end of exploration"""
+    exploration_fraction: float = 0.05
+    """fraction of --total-timesteps over which epsilon decays linearly from --start-e to --end-e"""
+    learning_starts: int = 10_000
+    """env steps of experience collected before learning starts"""
+    train_frequency: int = 800
+    """env steps per gradient step (summed over envs)"""
+    seq_len: int = 0
+    """train on a random window of this many steps per sampled episode (0: whole episodes)"""
+    burn_in: int = 0
+    """steps that only warm up the GRU state (R2D2): before each --seq-len window, or an episode's first steps"""
+    hidden_size: int = 64
+    """width of the agents' encoder and GRU"""
+    mixing_embed_dim: int = 32
+    """width of the mixing network's hidden layer"""
+    hypernet_embed: int = 64
+    """width of the hypernetworks' hidden layer"""
+    share_params: bool = True
+    """one agent network per group with an agent-id one-hot (--no-share-params: one network per agent)"""
+    max_grad_norm: float = 10.0
+    """global gradient-norm clip"""
+    log_interval: int = 5_000
+    """env steps between TensorBoard points of the losses, epsilon and speed"""
+    prioritized: bool = False
+    """proportional prioritized sampling of episodes, by their mean |TD error| (Schaul et al. 2016)"""
+    prioritized_replay_alpha: float = 0.6
+    """--prioritized: how much priorities count (0: uniform)"""
+    prioritized_replay_beta: float = 0.4
+    """--prioritized: initial importance-sampling exponent, annealed to 1 over the run"""
+
+
+class RecurrentQ(nn.Module):
+    """Linear-ReLU encoder, a GRU over time, a linear Q head (the paper's DRQN agent)."""
+
+    def __init__(self, d_in, n_actions, hidden_size):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(d_in, hidden_size), nn.ReLU())
+        self.gru = nn.GRU(hidden_size, hidden_size)
+        self.head = nn.Linear(hidden_size, n_actions)
+
+    def forward(self, x, h=None):  # x (T, B, d_in), h (1, B, H) -> Q (T, B, n_actions), h
+        out, h = self.gru(self.encoder(x), h)
+        return self.head(out), h
+
+
+class GroupQ(nn.Module):
+    """One group's utilities Q_a(tau_a, .): one RecurrentQ shared (with an agent-id one-hot), or one per agent."""
+
+    def __init__(self, spec, args):
+        super().__init__()
+        self.ids = spec.n_agents if args.share_params and spec.n_agents > 1 else 0
+        d_in, n = int(np.prod(spec.obs_shape)) + self.ids, 1 if args.share_params else spec.n_agents
+        self.nets = nn.ModuleList(RecurrentQ(d_in, spec.action_dim, args.hidden_size) for _ in range(n))
+
+    def forward(self, obs, h=None):  # obs (T, B, A, *obs_shape), h (1, B, A, H) or None -> Q (T, B, A, n), h
+        T, B, A = obs.shape[:3]
+        x = obs.flatten(3)
+        if self.ids:
+            x = torch.cat([x, torch.eye(A, device=x.device).expand(T, B, A, A)], -1)
+        if len(self.nets) == 1:  # every agent of the group in one batch
+            q, h = self.nets[0](x.reshape(T, B * A, -1), None if h is None else h.reshape(1, B * A, -1))
+            return q.view(T, B, A, -1), h.view(1, B, A, -1)
+        outs = [net(x[:, :, i], None if h is None else h[:, :, i].contiguous()) for i, net in enumerate(self.nets)]
+        return torch.stack([q for q, _ in outs], 2), torch.stack([h for _, h in outs], 2)
+
+
+class Mixer(nn.Module):
+    """Q_tot = w2 . elu(W1 q + b1) + V(s), with W1, w2 >= 0 from hypernetworks on the state, so dQ_tot/dQ_a >= 0."""
+
+    def __init__(self, n_agents, state_dim, args):
+        super().__init__()
+        e, h = args.mixing_embed_dim, args.hypernet_embed
+        self.hyper_w1 = nn.Sequential(nn.Linear(state_dim, h), nn.ReLU(), nn.Linear(h, n_agents * e))
+        self.hyper_b1 = nn.Linear(state_dim, e)
+        self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, h), nn.ReLU(), nn.Linear(h, e))
+        self.v = nn.Sequential(nn.Linear(state_dim, e), nn.ReLU(), nn.Linear(e, 1))
+
+    def forward(self, qs, state):  # qs (T, B, N) chosen utilities, state (T, B, S) -> Q_tot (T, B)
+        T, B, N = qs.shape
+        w1 = self.hyper_w1(state).abs().view(T, B, N, -1)  # abs: the monotonicity constraint
+        hidden = F.elu((qs.unsqueeze(-2) @ w1).squeeze(-2) + self.hyper_b1(state))
+        return (hidden * self.hyper_w2(state).abs()).sum(-1) + self.v(state).squeeze(-1)
+
+
+class QMIX(nn.Module):
+    """The team: one GroupQ per learning group, and the mixer over all their agents."""
+
+    def __init__(self, specs, state_dim, args):
+        super().__init__()
+        self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
+        self.mixer = Mixer(sum(spec.n_agents for spec in specs.values()), state_dim, args)
+
+
+def linear_schedule(start_e, end_e, duration, t):
+    slope = (end_e - start_e) / max(duration, 1)
+    return max(slope * t + start_e, end_e)
+
+
+def crossings(step, advanced, every):
+    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
+    return step // every - (step - advanced) // every
+
+
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
+
+
+@torch.no_grad()
+def act(agents, groups, obs, hidden, epsilon, rng, device, random_groups=()):
+    """Epsilon-greedy actions of every group over its available actions; `hidden` (group -> GRU state) advances."""
+    actions = {}
+    for g, spec in groups.items():
+        avail = obs.avail_actions.get(g)  # (E, A, n) or None
+        shape = (*obs.agent_mask[g].shape, spec.action_dim)
+        uniform = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)  # a random available action
+        if g in random_groups:
+            actions[g] = uniform
+            continue
+        q, hidden[g] = agents[g](t(obs.obs[g], device)[None], hidden[g])
+        q = q[0] if avail is None else q[0].masked_fill(~torch.as_tensor(avail, device=device), -torch.inf)
+        actions[g] = np.where(rng.random(shape[:2]) < epsilon, uniform, q.argmax(-1).cpu().numpy())
+    return actions
+
+
+NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "hypernet_embed")  # what the weights depend on
+
+
+def main(args):
+    check_args(args, (args.td_lambda == 0 or args.n_step == 1, f"--n-step {args.n_step} and --td-lambda "
+                      f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step"))  # fmt: skip
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    check_discrete(args, env, ALGO, CONTINUOUS)
+    learners = check_groups(args, env)
+    specs = {g: env.groups[g] for g in learners}
+    state_dim = int(np.prod(env.state_shape))
+    qmix = QMIX(specs, state_dim, args).to(device)
+    target = copy.deepcopy(qmix)
+    optimizer = torch.optim.Adam(qmix.parameters(), lr=args.learning_rate)
+
+    def make_greedy(num_envs, rng):  # greedy (epsilon 0), each episode from a zero GRU state
+        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
+                  for g, spec in specs.items()}  # fmt: skip
+
+        def greedy(obs, done):
+            if done is not None:
+                for h in hidden.values():
+                    h[:, done] = 0.0
+            return act(qmix.agents, env.groups, obs, hidden, 0.0, rng, device, args.random_groups)
+
+        return greedy
+
+    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, {"qmix": qmix}, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+    max_len = args.max_episode_len or env.max_steps
+    if not max_len:
+        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
+                            f"--max-episode-len")  # fmt: skip
+    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, episode_fields(specs, env.state_shape),
+                             alpha=args.prioritized_replay_alpha if args.prioritized else None)  # fmt: skip
+    nets = {"qmix": qmix, "target": target}
+    run = Run(args, ALGO, env, nets, {"qmix": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    writer, global_step = run.writer, run.global_step
+    train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
+    losses = {}
+    obs = env.reset()
+    hidden = {g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device)
+              for g, spec in specs.items()}  # fmt: skip
+    with run:
+        while global_step < args.total_timesteps:
+            # ACT: epsilon-greedy on each agent's own utility, from its GRU state
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
+                                      global_step)  # fmt: skip
+            actions = act(qmix.agents, env.groups, obs, hidden, epsilon, rng, device, args.random_groups)
+            # STEP
+            step = env.step(actions)
+            global_step += args.num_envs
+            # STORE: the team's step into each env's running episode; finished episodes close with their final
+            # observation (a truncated episode bootstraps from it)
+            rb.add(**stored(specs, obs, actions, step))
+            if (done := np.flatnonzero(step.done)).size:
+                final = step.final
+                rb.finish(done, state=final.state[done], **{f"{g}_{k}": v[done] for g in specs
+                          for k, v in agent_view(final, g).items()})  # fmt: skip
+                for h in hidden.values():
+                    h[:, done] = 0.0  # the next episode starts from a zero state
+            run.log_episodes(step.episodes, global_step)
+            obs = step.next
+
+            # TARGETS and UPDATE: one gradient step per --train-frequency env steps
+            if global_step > train_start and len(rb) >= args.batch_size:
+                for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
+                    frac = min(global_step / args.total_timesteps, 1.0)  # beta anneals to 1 (--prioritized)
+                    beta = args.prioritized_replay_beta + (1.0 - args.prioritized_replay_beta) * frac
+                    losses = update(qmix, target, optimizer, rb, args, device, rng, beta)
+                if crossings(global_step, args.num_envs, args.target_network_frequency):
+                    for p, tp in zip(qmix.parameters(), target.parameters(), strict=True):
+                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+
+            # LOG
+            if crossings(global_step, args.num_envs, args.log_interval):
+                for k, v in losses.items():
+                    writer.add_scalar(f"losses/{k}", v, global_step)
+                writer.add_scalar("charts/SPS", run.sps(), global_step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                writer.add_scalar("charts/epsilon", epsilon, global_step)
+            run.step(global_step)  # EVAL, checkpoints, and where Ctrl-C stops the run
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the episode declaration and the QMIX update ---
+
+
+def episode_fields(specs, state_shape):
+    """A stored team episode, declared once: name -> (per-step shape, dtype); row len holds the final observation."""
+    fields = {"state": (state_shape, np.float32), "reward": ((), np.float32), "terminated": ((), np.bool_)}
+    for g, spec in specs.items():
+        A = spec.n_agents
+        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_actions": ((A,), np.int64),
+                   f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
+        if spec.has_action_mask:
+            fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
+    return fields
+
+
+def agent_view(obs, g):
+    """What group g's agents see at one step: observations, alive mask, action mask."""
+    view = {"obs": obs.obs[g], "alive": obs.agent_mask[g]}
+    if g in obs.avail_actions:
+        view["avail"] = obs.avail_actions[g]
+    return view
+
+
+def stored(specs, obs, actions, step):
+    """One step of the team: its reward (mean over its agents) and termination (all of them), and each group's view."""
+    rewards = np.concatenate([step.rewards[g] for g in specs], 1)  # (E, N)
+    terminated = np.concatenate([step.terminated[g] for g in specs], 1)
+    out = {"state": obs.state, "reward": rewards.mean(1), "terminated": terminated.all(1)}
+    for g in specs:
+        out |= {f"{g}_{k}": v for k, v in agent_view(obs, g).items()} | {f"{g}_actions": actions[g]}
+    return out
+
+
+def td_targets(batch, next_values, args):
+    """n-step or TD(lambda) targets (T, B) of the team's steps, by the compiled kernels over numpy arrays."""
+    rewards, terminated = batch["reward"][:-1], batch["terminated"][:-1]
+    cut = ~batch["loss_mask"][1:]  # the recursion stops where the next step has no target: an episode's or window's end
+    v = next_values.cpu().numpy()
+    if args.n_step > 1:
+        sums, discounts, last = nstep_returns(rewards, terminated, cut, args.gamma, args.n_step)
+        return sums + discounts * np.take_along_axis(v, last, 0)
+    return td_lambda(rewards, v, terminated, cut, args.gamma, args.td_lambda)
+
+
+def update(qmix, target, optimizer, rb, args, device, rng, beta):
+    """One gradient step on replayed episodes: Double-Q TD(lambda) targets of Q_tot, squared error over the steps."""
+    batch = rb.sample(args.batch_size, rng, beta, args.seq_len, args.burn_in)  # (L + 1, B, ...) from a zero state
+    mb = to_torch(batch, device)
+    mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
+    chosen, next_q = [], []
+    for g, agents in qmix.agents.items():
+        q = agents(mb[f"{g}_obs"])[0]  # (L + 1, B, A, n)
+        alive = mb[f"{g}_alive"]  # a dead agent's utility is 0 in the mix
+        chosen.append(q[:-1].gather(-1, mb[f"{g}_actions"][:-1, ..., None]).squeeze(-1) * alive[:-1])
+        with torch.no_grad():  # Double Q: the online agents pick the next actions, the target agents evaluate them
+            avail = mb.get(f"{g}_avail")
+            best = (q if avail is None else q.masked_fill(avail == 0, -torch.inf))[1:].argmax(-1, keepdim=True)
+            next_q.append(target.agents[g](mb[f"{g}_obs"])[0][1:].gather(-1, best).squeeze(-1) * alive[1:])
+    q_tot = qmix.mixer(torch.cat(chosen, -1), mb["state"][:-1])  # (L, B)
+    # TARGETS: TD(lambda) (or n-step) over the target mixer's Q_tot of the next steps
+    with torch.no_grad():
+        next_q_tot = target.mixer(torch.cat(next_q, -1), mb["state"][1:])
+        targets = t(td_targets(batch, next_q_tot, args), device)
+    td = (q_tot - targets) * mask
+    weights = mb["weights"][None] if args.prioritized else 1.0  # importance sampling of prioritized episodes
+    n = mask.sum().clamp(min=1.0)
+    loss = (weights * td**2).sum() / n
+    if not torch.isfinite(loss):  # stop before the weights are poisoned
+        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    # UPDATE
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(qmix.parameters(), args.max_grad_norm)
+    optimizer.step()
+    if args.prioritized:  # an episode's priority: its mean |TD error|
+        err = td.detach().abs().sum(0) / mask.sum(0).clamp(min=1.0)
+        rb.update_priorities(batch["indices"], err.cpu().numpy())
+    return dict(td_loss=loss.item(), q_values=((q_tot * mask).sum() / n).item())
+
+
+if __name__ == "__main__":
+    cli(Args, main)

@@ -1,0 +1,296 @@
+"""algos/iql.py, vdn.py, qmix.py and wqmix.py: the mixers' properties, masks and padding in the update, and each
+script end to end with tiny budgets (in this process via `runpy`, as tests/test_maddpg.py does)."""
+
+import copy
+import json
+import re
+import runpy
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from buffers import EpisodeReplayBuffer
+from envs.api import GroupSpec, Observation
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGOS = ["iql", "vdn", "qmix", "wqmix"]
+TINY = ["--num-envs", "2", "--eval-episodes", "2", "--buffer-size", "50", "--batch-size", "4", "--learning-starts",
+        "60", "--train-frequency", "10", "--final-eval-episodes", "4", "--log-interval", "20"]  # fmt: skip
+SCRIPTED = "test_envs:make_scripted_env"  # action masks, a unit that dies mid-episode (tests/test_envs.py)
+
+
+def script(algo):
+    """The script's globals (its classes and functions), without running main."""
+    return runpy.run_path(str(ROOT / "algos" / f"{algo}.py"), run_name=algo)
+
+
+def run_inline(capsys, algo, *flags, check=True):
+    """Execute the script as __main__ in this process; returns (exit code, stdout, stderr)."""
+    path = ROOT / "algos" / f"{algo}.py"
+    with mock.patch.object(sys, "argv", [str(path), *TINY, *map(str, flags)]):
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    out = capsys.readouterr()
+    if check and code != 0:
+        raise AssertionError(f"{algo} {flags} failed ({code}):\n{out.err[-3000:]}")
+    return code, out.out, out.err
+
+
+def scalars(run_dir, tag):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+# --- the mixers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["qmix", "wqmix"])
+def test_qmix_mixer_is_monotonic_in_every_agent_utility(algo):
+    torch.manual_seed(0)
+    s = script(algo)
+    mixer = s["Mixer"](4, 10, s["Args"]())
+    qs = (10 * torch.randn(7, 16, 4)).requires_grad_()
+    states = 3 * torch.randn(7, 16, 10)
+    q_tot = mixer(qs, states)
+    assert q_tot.shape == (7, 16)
+    (grad,) = torch.autograd.grad(q_tot.sum(), qs)
+    assert (grad >= 0).all() and (grad > 0).any()  # dQ_tot/dQ_a >= 0, and not trivially zero
+
+
+def test_vdn_mixer_is_the_sum():
+    qs = torch.randn(5, 3, 4)
+    assert torch.equal(script("vdn")["VDN"].mixer(qs), qs.sum(-1))
+
+
+def test_wqmix_weights_reduce_to_qmix_at_alpha_one_and_pick_the_right_steps():
+    s = script("wqmix")
+    g = torch.Generator().manual_seed(0)
+    td, targets, greedy_q = (torch.randn(6, 8, generator=g) for _ in range(3))
+    is_greedy = torch.rand(6, 8, generator=g) < 0.3
+    for weighting in ("ow", "cw"):  # weight 1 everywhere: the weighted loss is QMIX's squared TD error
+        args = SimpleNamespace(weighting=weighting, weighting_alpha=1.0)
+        assert torch.equal(s["qmix_weights"](td, targets, greedy_q, is_greedy, args), torch.ones(6, 8))
+    ow = s["qmix_weights"](td, targets, greedy_q, is_greedy, SimpleNamespace(weighting="ow", weighting_alpha=0.3))
+    assert torch.equal(ow, torch.where(td < 0, 1.0, 0.3))  # Q_tot below the target: full weight
+    cw = s["qmix_weights"](td, targets, greedy_q, is_greedy, SimpleNamespace(weighting="cw", weighting_alpha=0.3))
+    assert torch.equal(cw, torch.where(is_greedy | (targets > greedy_q), 1.0, 0.3))
+    assert (cw == 1).any() and (cw == 0.3).any() and (ow == 1).any() and (ow == 0.3).any()
+
+
+# --- the update: padding, masks, targets ------------------------------------------------------------
+
+
+SPECS = {
+    "unit": GroupSpec("unit", ("u0", "u1", "u2"), (3,), np.float32, True, 4, has_action_mask=True),
+    "scout": GroupSpec("scout", ("s0",), (2,), np.float32, True, 3),
+}
+STATE = (11,)
+
+
+def learner(algo, **flags):
+    """The script's networks (online, target with the same weights), an Adam at lr 0 and its Args."""
+    s = script(algo)
+    args = s["Args"](batch_size=3, buffer_size=10, **flags)
+    torch.manual_seed(0)
+    cls = {"iql": "IQL", "vdn": "VDN", "qmix": "QMIX", "wqmix": "WQMIX"}[algo]
+    net = s[cls](SPECS, STATE[0], args) if algo in ("qmix", "wqmix") else s[cls](SPECS, args)
+    return s, net, copy.deepcopy(net), torch.optim.Adam(net.parameters(), lr=0.0), args
+
+
+def filled_buffer(s, algo, lengths=(3, 7, 5), seed=0):
+    """Episodes of the given lengths with random contents in every declared field, masks included."""
+    fields = s["episode_fields"](SPECS, STATE) if algo in ("qmix", "wqmix") else s["episode_fields"](SPECS)
+    rb = EpisodeReplayBuffer(10, max(lengths), 1, fields)
+    rng = np.random.default_rng(seed)
+
+    def draw(name, n):
+        shape, dtype = rb.schema.fields[name]
+        if name.endswith("_actions"):
+            return np.zeros((n, *shape), np.int64)  # replaced by an available action below
+        if dtype == np.bool_:
+            return rng.random((n, *shape)) < (0.7 if name.endswith(("_alive", "_avail")) else 0.2)
+        return rng.normal(size=(n, *shape)).astype(dtype)
+
+    for length in lengths:
+        for _ in range(length):
+            step = {name: draw(name, 1) for name in rb.schema}
+            for g, spec in SPECS.items():
+                avail = step.get(f"{g}_avail", np.ones((1, spec.n_agents, spec.action_dim), bool))
+                avail[..., 0] = True  # at least one available action
+                step[f"{g}_actions"] = np.argmax(rng.random(avail.shape) * avail, -1)
+            rb.add(**step)
+        final = {n: draw(n, 1) for n in rb.schema if not n.endswith(("_actions", "reward", "_rewards", "terminated"))}
+        for g in SPECS:
+            if f"{g}_avail" in final:
+                final[f"{g}_avail"][..., 0] = True
+        rb.finish([0], **final)
+    return rb
+
+
+def loss_and_grads(s, net, target, opt, rb, args):
+    out = s["update"](net, target, opt, rb, args, "cpu", np.random.default_rng(1), 0.4)
+    return out, [p.grad.clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("flags", [{}, {"seq_len": 3, "burn_in": 2}, {"td_lambda": 0.0, "n_step": 3}])
+def test_padding_never_reaches_the_loss(algo, flags):
+    s, net, target, opt, args = learner(algo, **flags)
+    rb = filled_buffer(s, algo)
+    clean = loss_and_grads(s, net, target, opt, rb, args)
+    rng = np.random.default_rng(5)
+    for slot, length in enumerate(rb.lengths[: len(rb)]):  # garbage in every row after the final observation
+        for name, arr in rb.data.items():
+            pad = arr[slot, length + 1 :]
+            if name.endswith("_actions"):
+                pad[...] = rng.integers(0, pad.shape[-1] if pad.ndim > 1 else 3, pad.shape) % 3
+            elif arr.dtype == np.bool_:
+                pad[...] = rng.random(pad.shape) < 0.5
+            else:
+                pad[...] = rng.normal(0, 1e3, pad.shape)
+    dirty = loss_and_grads(s, net, target, opt, rb, args)
+    assert clean[0] == pytest.approx(dirty[0], rel=1e-6)
+    for a, b in zip(clean[1], dirty[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert clean[0]["td_loss"] > 0
+
+
+@pytest.mark.parametrize("algo", ["iql", "qmix"])
+def test_one_step_targets_take_the_best_available_next_action(algo):
+    """With --td-lambda 0 the loss equals the textbook one: y = r + gamma * (1 - terminated) * Q'(s', argmax over the
+    available actions of Q(s', .)), with an unavailable action made the most valuable so that ignoring masks shows."""
+    s, net, target, opt, args = learner(algo, td_lambda=0.0)
+    with torch.no_grad():  # action 1 of every unit: the largest utility, and masked out below in most steps
+        for m in (net, target):
+            for agent in m.agents["unit"].nets:
+                agent.head.bias[1] += 100.0
+    rb = filled_buffer(s, algo, lengths=(4, 6, 5), seed=3)
+    rb.data["unit_avail"][..., 1] = False  # never available: a max that ignores the mask is off by ~100
+    out = s["update"](net, target, opt, rb, args, "cpu", np.random.default_rng(1), 0.4)
+    batch = rb.sample(3, np.random.default_rng(1))  # the batch the update drew
+    b = {k: torch.as_tensor(v) for k, v in batch.items()}
+    mask = b["loss_mask"][:-1].float()
+    chosen, best = {}, {}
+    with torch.no_grad():
+        for g, agents in net.agents.items():
+            q = agents(b[f"{g}_obs"].float())[0]
+            chosen[g] = q[:-1].gather(-1, b[f"{g}_actions"][:-1, ..., None]).squeeze(-1)
+            masked = q.masked_fill(~b[f"{g}_avail"], -torch.inf) if f"{g}_avail" in b else q
+            best[g] = q[1:].gather(-1, masked[1:].argmax(-1, keepdim=True)).squeeze(-1)  # online == target here
+            assert best[g][mask.bool()].max() < 50  # the masked-out action is never the max
+        if algo == "iql":
+            sq, n = 0.0, 0.0
+            for g in SPECS:
+                alive = b[f"{g}_alive"].float()
+                y = b[f"{g}_rewards"][:-1] + args.gamma * (~b[f"{g}_terminated"][:-1]).float() * best[g]
+                m = mask[..., None] * alive[:-1]
+                sq, n = sq + (m * (chosen[g] - y) ** 2).sum(), n + m.sum()
+            expected = sq / n
+        else:
+            alive = {g: b[f"{g}_alive"].float() for g in SPECS}
+            qs = torch.cat([chosen[g] * alive[g][:-1] for g in SPECS], -1)
+            nxt = torch.cat([best[g] * alive[g][1:] for g in SPECS], -1)
+            q_tot = net.mixer(qs, b["state"][:-1])
+            y = b["reward"][:-1] + args.gamma * (~b["terminated"][:-1]).float() * target.mixer(nxt, b["state"][1:])
+            expected = (mask * (q_tot - y) ** 2).sum() / mask.sum()
+    assert out["td_loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_acting_respects_action_masks(algo):
+    s, net, _, _, _ = learner(algo)
+    with torch.no_grad():
+        for agent in net.agents["unit"].nets:
+            agent.head.bias[2] += 100.0  # the greedy choice, were it not masked out
+    rng = np.random.default_rng(0)
+    E = 64
+    avail = rng.random((E, 3, 4)) < 0.5
+    avail[..., 0] = True
+    avail[..., 2] = False
+    obs = Observation({"unit": rng.normal(size=(E, 3, 3)), "scout": rng.normal(size=(E, 1, 2))}, np.zeros((E, 11)),
+                      {"unit": np.ones((E, 3), bool), "scout": np.ones((E, 1), bool)}, {"unit": avail})  # fmt: skip
+    for epsilon in (0.0, 0.5, 1.0):
+        hidden = {g: torch.zeros(1, E, spec.n_agents, 64) for g, spec in SPECS.items()}
+        actions = s["act"](net.agents, SPECS, obs, hidden, epsilon, rng, "cpu")
+        assert np.take_along_axis(avail, actions["unit"][..., None], -1).all()
+        assert actions["scout"].max() < 3 and hidden["unit"].abs().sum() > 0
+
+
+# --- the scripts end to end -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions(algo, tmp_path, capsys):
+    run_inline(capsys, algo, "--total-timesteps", 200, "--eval-interval", 100, "--run-dir", tmp_path)
+    for name in ("config.json", "last.pt", "best.pt", "final_eval.json", "DONE"):
+        assert (tmp_path / name).exists(), name
+    assert len(scalars(tmp_path, "eval/episodic_return")) == 2
+    for tag in ("losses/td_loss", "losses/q_values", "charts/epsilon", "charts/episodic_return"):
+        assert scalars(tmp_path, tag), tag
+    ckpt = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert ckpt["global_step"] == 200 and ckpt["algo"] == algo
+    # greedy evaluation of the reloaded checkpoint replays the first episodes of the run's final evaluation exactly
+    _, stdout, _ = run_inline(capsys, algo, "--eval-checkpoint", tmp_path / "last.pt")
+    reloaded = float(re.search(r"episodic return (-?[\d.]+)", stdout).group(1))
+    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"][:2]
+    assert reloaded == pytest.approx(float(np.mean(final)), abs=0.01)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_same_seed_same_first_losses_and_another_seed_differs(algo, tmp_path, capsys):
+    common = ["--total-timesteps", 120, "--eval-episodes", 1]
+    for name, seed, every in (("a", 3, 0), ("b", 3, 50), ("c", 4, 0)):  # an evaluation in between changes nothing
+        run_inline(capsys, algo, *common, "--seed", seed, "--eval-interval", every, "--run-dir", tmp_path / name)
+    a, b, c = (scalars(tmp_path / name, "losses/td_loss") for name in "abc")
+    assert a and a == b and a != c
+
+
+@pytest.mark.parametrize(
+    "algo, flags",
+    [
+        ("iql", ["--prioritized", "--no-share-params"]),
+        ("vdn", ["--seq-len", 3, "--burn-in", 1]),
+        ("qmix", ["--prioritized", "--td-lambda", 0, "--n-step", 2]),
+        ("wqmix", ["--weighting", "cw", "--no-share-params", "--tau", 0.05]),
+    ],
+)
+def test_masks_dead_agents_and_variants_on_a_scripted_env(algo, flags, tmp_path, capsys):
+    """The scripted env fails on a masked-out action, and its unit_2 dies mid-episode."""
+    run_inline(capsys, algo, "--env", SCRIPTED, "--total-timesteps", 200, "--eval-interval", 0, "--learning-starts",
+               30, "--run-dir", tmp_path, *flags)  # fmt: skip
+    assert (tmp_path / "DONE").exists() and scalars(tmp_path, "losses/td_loss")
+
+
+def test_a_group_frozen_to_random_actions_on_a_competitive_env(tmp_path, capsys):
+    flags = ["--env", "simple_adversary_v3", "--random-groups", "adversary", "--total-timesteps", 150]
+    run_inline(capsys, "qmix", *flags, "--eval-interval", 0, "--run-dir", tmp_path)
+    nets = torch.load(tmp_path / "last.pt", weights_only=True)["nets"]["qmix"]
+    assert {k.split(".")[1] for k in nets if k.startswith("agents.")} == {"agent"}
+
+
+@pytest.mark.parametrize(
+    "algo, flags, message",
+    [
+        ("qmix", ["--continuous-actions"], "qmix needs discrete actions"),
+        ("iql", ["--env", "simple_spread_v3", "--continuous-actions"], "use mappo.py, ippo.py, maddpg.py"),
+        ("vdn", ["--n-step", 3], "--n-step 3 and --td-lambda 0.6 are two kinds of target"),
+        ("wqmix", ["--weighting", "max"], "--weighting 'max' must be 'ow' or 'cw'"),
+        ("qmix", ["--batch-size", 64], "--batch-size 64 exceeds --buffer-size 50"),
+        ("wqmix", ["--weighting-alpha", 1.5], "--weighting-alpha 1.5 must lie in [0, 1]"),
+        ("vdn", ["--random-groups", "agent"], "nothing would learn"),
+    ],
+)
+def test_bad_input_fails_with_one_clear_error(algo, flags, message, capsys):
+    code, _, stderr = run_inline(capsys, algo, *flags, check=False)
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.startswith("error:") and message.lower() in stderr.lower(), stderr
