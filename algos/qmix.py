@@ -29,7 +29,7 @@ CONTINUOUS = "mappo.py, ippo.py, maddpg.py, matd3.py or iddpg.py"  # the scripts
 
 @dataclass
 class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
-    num_envs: int = 32
+    num_envs: int = 128
     """parallel training envs"""
     save_buffer: bool = True
     """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
@@ -41,18 +41,18 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """replay capacity in episodes"""
     max_episode_len: int | None = None
     """longest storable episode (default: the env's time limit)"""
-    batch_size: int = 128
+    batch_size: int = 32
     """episodes per gradient step"""
-    gamma: float = 0.99
-    """discount factor"""
+    gamma: float = 0.95
+    """discount; 0.95 for 25-step MPE episodes, as in mappo.py (results/simple_spread_v3/qmix_tuning.md)"""
     td_lambda: float = 0.6
     """lambda of the TD(lambda) targets (0: one-step targets)"""
     n_step: int = 1
     """n-step targets in place of TD(lambda) (needs --td-lambda 0)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
-    target_network_frequency: int = 5_000
-    """env steps between target-network updates"""
+    target_network_frequency: int = 20_000
+    """env steps between target-network updates (100 gradient steps at the defaults)"""
     start_e: float = 1.0
     """epsilon at the start of exploration"""
     end_e: float = 0.05
@@ -61,8 +61,8 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """fraction of --total-timesteps over which epsilon decays linearly from --start-e to --end-e"""
     learning_starts: int = 10_000
     """env steps of experience collected before learning starts"""
-    train_frequency: int = 800
-    """env steps per gradient step (summed over envs)"""
+    train_frequency: int = 200
+    """env steps per gradient step (summed over envs): each stored step is replayed ~4 times at the defaults"""
     seq_len: int = 0
     """train on a random window of this many steps per sampled episode (0: whole episodes)"""
     burn_in: int = 0
