@@ -1,6 +1,8 @@
-"""End-to-end training speed of the MPE scripts (MAPPO, IPPO, MADDPG, MATD3, IDDPG), and where the time goes.
+"""End-to-end training speed of the MPE scripts (MAPPO, IPPO, MADDPG, MATD3, IDDPG; IQL, VDN, QMIX, WQMIX), and where
+the time goes.
 
     python results/bench_train.py            # writes results/speed/train.md and train.json
+    python results/bench_train.py --algos mappo,iql,vdn,qmix,wqmix --name train_value_decomposition
 
 Each script runs as a subprocess with the settings used for the results (its defaults: for the PPO scripts
 128 envs, 25-step rollouts, 10 epochs; for the DDPG family 128 envs, one update of 256 per 256 transitions)
@@ -52,6 +54,25 @@ PHASES = {
         ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
     },
 }
+for _algo in ("iql", "qmix"):  # the value-decomposition family: vdn is qmix with a sum, wqmix qmix with a central Q*
+    PHASES[_algo] = {
+        ("update", f"algos/{_algo}.py"): "updates (sampling, GRU unrolls of agents and target agents, mixer, "
+        "targets, backward, Adam)",
+        ("sample", "buffers/episode.py"): "- of which sampling 32 episodes (EpisodeReplayBuffer.sample)",
+        ("<built-in method torch.gru>", "~"): "- of which GRU unrolls, forward (torch.gru; acting's single steps too)",
+        ("<method 'run_backward' of 'torch._C._EngineBase' objects>", "~"): "- of which backward",
+        ("td_targets", f"algos/{_algo}.py"): "- of which TD(lambda) targets (compiled kernel, numpy round trip)",
+        **(
+            {("forward", "algos/qmix.py:Mixer"): "- of which the mixer forward (hypernetworks on the state)"}
+            if _algo == "qmix"
+            else {}
+        ),  # fmt: skip
+        ("act", f"algos/{_algo}.py"): "acting (one GRU step of every agent, epsilon-greedy over available actions)",
+        ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+        ("add", "buffers/episode.py"): "storing the steps (EpisodeReplayBuffer.add, finish)",
+        ("finish", "buffers/episode.py"): "storing the steps (EpisodeReplayBuffer.add, finish)",
+        ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
+    }
 SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
 # published variants (results/<env>/<algo>-<variant>.json) timed too, on the Numba MPE: their flags
 VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
@@ -87,20 +108,29 @@ def profile(algo, steps, workdir):
     stats = pstats.Stats(str(prof)).stats
     main = next(v[3] for (f, _, name), v in stats.items() if name == "main" and f.endswith(f"algos/{algo}.py"))
     rows = {}
-    for (f, _, name), (_, _, _, cumtime, _) in stats.items():
+    for (f, line, name), (_, _, _, cumtime, _) in stats.items():
         for (fn, suffix), label in PHASES[algo].items():
-            if name == fn and f.endswith(suffix):
+            path, _, cls = suffix.partition(":")  # "file:Class": that class's method of this name only
+            if name == fn and f.endswith(path) and (not cls or line == method_line(ROOT / path, cls, fn)):
                 rows[label] = rows.get(label, 0.0) + cumtime
-    rows = {k: v for k, v in sorted(rows.items(), key=lambda kv: -kv[1])}
     return main, rows
+
+
+def method_line(path, cls, name):
+    """The line of `def name` inside `class cls` of a source file (what cProfile keys a method by)."""
+    lines = Path(path).read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"class {cls}("))
+    return next(i + 1 for i, ln in enumerate(lines[start:], start) if ln.strip().startswith(f"def {name}("))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=320_000, help="env steps per Numba-MPE run")
     parser.add_argument("--pz-steps", type=int, default=64_000, help="env steps per mpe2 (PettingZoo) run")
-    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg", help="comma-separated scripts")
+    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg,iql,vdn,qmix,wqmix",
+                        help="comma-separated scripts")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--name", default="train", help="file names of the report: <out>/<name>.md and .json")
     args = parser.parse_args()
     load_before, rows = os.getloadavg(), []
     raw = raw_mpe2()
@@ -121,12 +151,13 @@ def main():
         profiles = {algo: profile(algo, args.steps, tmp) for algo in PHASES if algo in args.algos.split(",")}
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
                   load_average_before=load_before, load_average=os.getloadavg(),
-                  command="python results/bench_train.py", raw_mpe2_env_steps_per_s=raw, runs=rows,
+                  command=" ".join(["python results/bench_train.py", *sys.argv[1:]]), runs=rows,
+                  raw_mpe2_env_steps_per_s=raw,
                   profiles={a: dict(main_seconds=t, phases=ph) for a, (t, ph) in profiles.items()})  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "train.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "train.md").write_text(markdown(report))
-    print((args.out / "train.md").read_text())
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(report))
+    print((args.out / f"{args.name}.md").read_text())
 
 
 def markdown(report):
@@ -138,8 +169,9 @@ def markdown(report):
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), load average {loads[0]} before and "
         f"{loads[1]} after. Regenerate: `{report['command']}`.",
         "Settings: the scripts' defaults (PPO: 128 envs, 25-step rollouts, 1 minibatch, 10 epochs; DDPG family: 128 "
-        "envs, batch 256 every 256 transitions, 25k random steps first), evaluation off; 'other flags': a published "
-        "variant's (results/README.md).",
+        "envs, batch 256 every 256 transitions, 25k random steps first; value decomposition (iql, vdn, qmix, wqmix): "
+        "128 envs, GRU agents, 32 whole episodes every 200 env steps after 10k steps), evaluation off; "
+        "'other flags': a published variant's (results/README.md).",
         "",
         "| script | backend | vector | torch threads | other flags | env-steps/s | command |",
         "|---|---|---|---|---|---|---|",
@@ -166,8 +198,8 @@ def markdown(report):
         lines.append(f"| {algo} | {numba / pz:.1f}x | {numba / raw:.1f}x | {best_pz / raw:.2f}x |")
     lines += [
         "",
-        "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s and its "
-        "MADDPG at ~1,900.",
+        "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s, its "
+        "MADDPG at ~1,900, its IQL at ~1,980 and its QMIX at ~1,860 (feed-forward agents, 16 envs).",
     ]
     for algo, prof in report["profiles"].items():
         total = prof["main_seconds"]
@@ -178,7 +210,9 @@ def markdown(report):
             "| phase | seconds | share of main |",
             "|---|---|---|",
         ]
-        lines += [f"| {k} | {v:.2f} | {100 * v / total:.0f}% |" for k, v in prof["phases"].items()]
+        order = list(dict.fromkeys(PHASES.get(algo, {}).values()))  # parents before their "- of which" rows
+        phases = sorted(prof["phases"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        lines += [f"| {k} | {v:.2f} | {100 * v / total:.0f}% |" for k, v in phases]
     return "\n".join(lines) + "\n"
 
 
