@@ -294,6 +294,10 @@ def agent_view(obs, g):
 
 def stored(specs, obs, actions, step):
     """One step of the team: its reward (mean over its agents) and termination (all of them), and each group's view."""
+    if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
+        raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
+                            f"trains one team on one reward; freeze the opponents with --random-groups, or use iql.py, "
+                            f"mappo.py or maddpg.py, which train groups apart")  # fmt: skip
     rewards = np.concatenate([step.rewards[g] for g in specs], 1)  # (E, N)
     terminated = np.concatenate([step.terminated[g] for g in specs], 1)
     out = {"state": obs.state, "reward": rewards.mean(1), "terminated": terminated.all(1)}
