@@ -16,7 +16,7 @@ from runtime.checkpoint import flag
 POSITIVE_INT = ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "eval_episodes",
                 "batch_size", "buffer_size", "train_frequency", "gradient_steps", "hidden_size", "rnn_chunk",
                 "log_interval", "target_network_frequency", "policy_frequency", "n_step", "mixing_embed_dim",
-                "hypernet_embed")  # fmt: skip
+                "hypernet_embed", "critic_updates", "critic_hidden_size")  # fmt: skip
 NON_NEGATIVE_INT = (
     "seed",
     "eval_interval",

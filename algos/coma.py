@@ -1,0 +1,368 @@
+"""COMA (Foerster et al. 2018, arXiv:1705.08926); results: results/simple_spread_v3/coma.json"""
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from buffers import RolloutBuffer, to_torch
+from runtime import (
+    MultiAgentArgs,
+    Run,
+    check_args,
+    check_discrete,
+    check_groups,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    setup,
+)
+
+ALGO = "coma"
+CONTINUOUS = "mappo.py, ippo.py, maddpg.py, matd3.py or iddpg.py"  # the scripts for continuous actions
+
+
+@dataclass
+class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
+    # --- COMA (each learning group: decentralized actors sharing one network, one centralized critic) ---
+    actor_lr: float = 5e-4
+    """Adam learning rate of the actors"""
+    critic_lr: float = 5e-4
+    """Adam learning rate of the critic"""
+    num_steps: int = 25
+    """steps per env per rollout"""
+    gamma: float = 0.95
+    """discount; 0.95 for 25-step MPE episodes, as in mappo.py"""
+    td_lambda: float = 0.8
+    """lambda of the critic's TD(lambda) targets (the paper's 0.8)"""
+    critic_updates: int = 4
+    """critic gradient steps on each rollout, before the actors' one step"""
+    target_network_frequency: int = 10_000
+    """env steps between copies of the critic into the target critic"""
+    start_e: float = 0.5
+    """epsilon floor mixed into the policy at the start: (1 - e) softmax + e uniform over the available actions"""
+    end_e: float = 0.01
+    """epsilon floor at the end of its linear decay"""
+    exploration_fraction: float = 0.01
+    """fraction of --total-timesteps over which the epsilon floor decays from --start-e to --end-e"""
+    critic_last_actions: bool = False
+    """also give the critic every agent's previous action (one-hot)"""
+    rnn: bool = False
+    """a GRU cell in the actors (their critic stays feed-forward: it sees the state)"""
+    hidden_size: int = 64
+    """width of the actors' hidden layers (and GRU)"""
+    critic_hidden_size: int = 128
+    """width of the critic's hidden layers"""
+    max_grad_norm: float = 10.0
+    """gradient-norm clip, of actors and critic separately"""
+
+    # --- derived at runtime ---
+    batch_size: int = field(default=0, init=False)
+    """num_envs x num_steps"""
+    num_iterations: int = field(default=0, init=False)
+    """total_timesteps // batch_size"""
+
+
+def with_id(x, n_agents):  # (B, A, d) -> (B, A, d + A): a one-hot agent id, so a shared network tells agents apart
+    return torch.cat([x, torch.eye(n_agents, device=x.device).expand(*x.shape[:-1], n_agents)], -1)
+
+
+class Actor(nn.Module):
+    """pi^a(. | tau^a): one network for the group's agents (agent-id one-hot); --rnn: a GRU cell in the middle."""
+
+    def __init__(self, spec, args):
+        super().__init__()
+        h, self.n_agents = args.hidden_size, spec.n_agents
+        self.fc = nn.Linear(int(np.prod(spec.obs_shape)) + spec.n_agents, h)
+        self.mid = nn.GRUCell(h, h) if args.rnn else nn.Linear(h, h)
+        self.head = nn.Linear(h, spec.action_dim)
+
+    def forward(self, obs, hx=None):  # obs (B, A, *obs_shape), hx (B, A, H) or None -> logits (B, A, n), hx
+        x = torch.relu(self.fc(with_id(obs.flatten(2), self.n_agents)))
+        if hx is None:
+            return self.head(torch.relu(self.mid(x))), None
+        B, A = x.shape[:2]
+        hx = self.mid(x.reshape(B * A, -1), hx.reshape(B * A, -1)).view(B, A, -1)
+        return self.head(hx), hx
+
+
+class Critic(nn.Module):
+    """Q(s, (u^-a, .)) for every own action of agent a, from the state, a's observation, the other agents' actions
+    (one-hot), a's id and, with --critic-last-actions, every agent's previous action."""
+
+    def __init__(self, spec, state_dim, args):
+        super().__init__()
+        A, n, h = spec.n_agents, spec.action_dim, args.critic_hidden_size
+        self.n_agents, self.n_actions, self.last_actions = A, n, args.critic_last_actions
+        d = state_dim + int(np.prod(spec.obs_shape)) + A * n + A + (A * n if args.critic_last_actions else 0)
+        self.net = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, n))
+
+    def forward(self, state, obs, actions, alive, last_actions=None):
+        """state (B, S), obs (B, A, *obs_shape), actions, alive, last_actions (B, A; n: none) -> Q (B, A, n)."""
+        B, A, n = *actions.shape, self.n_actions
+        joint = (F.one_hot(actions, n) * alive[..., None]).view(B, 1, A * n).float()  # dead agents act no action
+        others = joint * (1 - torch.eye(A, device=joint.device)).repeat_interleave(n, 1)  # (B, A, A n): own one zeroed
+        parts = [state.flatten(1)[:, None].expand(B, A, -1), obs.flatten(2), others]
+        if self.last_actions:
+            parts.append(F.one_hot(last_actions, n + 1)[..., :n].reshape(B, 1, A * n).expand(B, A, -1).float())
+        return self.net(with_id(torch.cat(parts, -1), A))
+
+
+class Coma(nn.Module):
+    """One learning group: its actor, its critic and the target critic."""
+
+    def __init__(self, spec, state_dim, args):
+        super().__init__()
+        self.spec = spec
+        self.actor = Actor(spec, args)
+        self.critic = Critic(spec, state_dim, args)
+        self.target_critic = copy.deepcopy(self.critic)
+
+
+def policy_probs(logits, avail, epsilon):
+    """(1 - epsilon) softmax(logits) + epsilon uniform, both over the available actions (COMA's exploration floor)."""
+    if avail is None:
+        return (1 - epsilon) * torch.softmax(logits, -1) + epsilon / logits.shape[-1]
+    avail = avail.bool()
+    probs = torch.softmax(logits.masked_fill(~avail, -torch.inf), -1)
+    return (1 - epsilon) * probs + epsilon * avail / avail.sum(-1, keepdim=True)
+
+
+def counterfactual_advantages(q_all, pi, actions):
+    """A^a = Q(s, u) - sum_a' pi^a(a') Q(s, (u^-a, a')) for every agent at once: q_all and pi (..., A, n), actions
+    (..., A). One critic pass gives every own action's value, so the baseline is a dot product, not a loop."""
+    return q_all.gather(-1, actions[..., None]).squeeze(-1) - (pi * q_all).sum(-1)
+
+
+def linear_schedule(start_e, end_e, duration, t):
+    slope = (end_e - start_e) / max(duration, 1)
+    return max(slope * t + start_e, end_e)
+
+
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
+
+
+def masked_mean(mask, x):
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@torch.no_grad()
+def act(groups, obs, hidden, epsilon, device, rng, random_groups=(), greedy=False):
+    """Actions of every group (numpy); `hidden` (group -> the actors' GRU states, or None) is advanced."""
+    actions = {}
+    for g, coma in groups.items():
+        spec, avail = coma.spec, obs.avail_actions.get(g)
+        if g in random_groups:  # a frozen group: uniform over the (available) actions
+            scores = rng.random((*obs.agent_mask[g].shape, spec.action_dim))
+            actions[g] = np.argmax(scores * (1 if avail is None else avail), -1)
+            continue
+        logits, hidden[g] = coma.actor(t(obs.obs[g], device), hidden[g])
+        pi = policy_probs(logits, None if avail is None else torch.as_tensor(avail, device=device), epsilon)
+        actions[g] = pi.argmax(-1) if greedy else torch.multinomial(pi.flatten(0, 1), 1).view(pi.shape[:2])
+        actions[g] = actions[g].cpu().numpy()
+    return actions
+
+
+NETWORK_FLAGS = ("hidden_size", "critic_hidden_size", "rnn", "critic_last_actions")  # what the weights depend on
+
+
+def main(args):
+    args.batch_size = args.num_envs * args.num_steps
+    check_args(args, (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less "
+                      f"than one rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    args.num_iterations = args.total_timesteps // args.batch_size
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    check_discrete(args, env, ALGO, CONTINUOUS)
+    learners = check_groups(args, env)
+    state_dim = int(np.prod(env.state_shape))
+    comas = {g: Coma(spec, state_dim, args).to(device) for g, spec in env.groups.items()}
+    optimizers = {f"{g}_{part}": torch.optim.Adam(getattr(comas[g], part).parameters(), lr=lr) for g in learners
+                  for part, lr in (("actor", args.actor_lr), ("critic", args.critic_lr))}  # fmt: skip
+
+    def initial_hidden(num_envs):  # group -> zero GRU states of the actors (None without --rnn)
+        return {g: torch.zeros(num_envs, spec.n_agents, args.hidden_size, device=device) if args.rnn else None
+                for g, spec in env.groups.items()}  # fmt: skip
+
+    def make_greedy(num_envs, rng):  # evaluation: the most probable action, GRU states reset where episodes end
+        hidden = initial_hidden(num_envs)
+
+        def greedy(obs, done):
+            if done is not None and args.rnn:
+                for h in hidden.values():
+                    h[torch.as_tensor(done)] = 0.0
+            return act(comas, obs, hidden, 0.0, device, rng, args.random_groups, greedy=True)
+
+        return greedy
+
+    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, comas, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+    run = Run(args, ALGO, env, comas, optimizers, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env)
+    writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
+    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
+               for g in learners}  # fmt: skip
+    obs, hidden = env.reset(), initial_hidden(args.num_envs)
+    starts = np.ones(args.num_envs, bool)
+    last_actions = {g: np.full((args.num_envs, spec.n_agents), spec.action_dim) for g, spec in env.groups.items()}
+    unset = {g: np.zeros((args.num_envs, spec.n_agents), np.float32) for g, spec in env.groups.items()}  # values
+    epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+    stored_hidden = {g: None if h is None else h.cpu().numpy() for g, h in hidden.items()}
+    actions = act(comas, obs, hidden, epsilon, device, rng, args.random_groups)  # the first step's actions
+    with run:
+        for iteration in range(start, args.num_iterations + 1):
+            for _ in range(args.num_steps):
+                # STEP with the actions chosen after the last step (the bootstrap of a rollout needs them too)
+                step = env.step(actions)
+                global_step += args.num_envs
+                epsilon = linear_schedule(args.start_e, args.end_e,
+                                          args.exploration_fraction * args.total_timesteps, global_step)  # fmt: skip
+                # a finished episode's final joint action, drawn from the policy: Q'(s_T, u_T) bootstraps a truncation
+                final_actions = act(comas, step.final, dict(hidden), epsilon, device, rng, args.random_groups)
+                # STORE
+                for g in learners:
+                    avail = {"avail_actions": obs.avail_actions[g]} if g in obs.avail_actions else {}
+                    rnn = {"h_actor": stored_hidden[g], "starts": starts} if args.rnn else {}
+                    buffers[g].add(obs=obs.obs[g], state=obs.state, actions=actions[g], last_actions=last_actions[g],
+                                   rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
+                                   agent_mask=obs.agent_mask[g], final_obs=step.final.obs[g],
+                                   final_state=step.final.state, final_actions=final_actions[g],
+                                   final_mask=step.final.agent_mask[g], values=unset[g], final_values=unset[g], **avail,
+                                   **rnn)  # fmt: skip
+                for g, spec in env.groups.items():
+                    last_actions[g] = np.where(step.done[:, None], spec.action_dim, actions[g])  # "none" at a start
+                    if hidden[g] is not None:
+                        hidden[g][torch.as_tensor(step.done)] = 0.0  # the next episodes start from zero
+                starts = step.done
+                run.log_episodes(step.episodes, global_step)
+                obs = step.next
+                # ACT for the next step
+                stored_hidden = {g: None if h is None else h.cpu().numpy() for g, h in hidden.items()}
+                actions = act(comas, obs, hidden, epsilon, device, rng, args.random_groups)
+
+            # TARGETS and UPDATE, group by group
+            for g in learners:
+                after = {"state": obs.state, "obs": obs.obs[g], "actions": actions[g], "alive": obs.agent_mask[g],
+                         "last_actions": last_actions[g]}  # fmt: skip
+                out = update(comas[g], optimizers[f"{g}_actor"], optimizers[f"{g}_critic"], buffers[g], after, epsilon,
+                             args, device)  # fmt: skip
+                for k, v in out.items():
+                    writer.add_scalar(f"losses/{k}" if len(learners) == 1 else f"losses/{k}/{g}", v, global_step)
+                buffers[g].reset()
+            every = args.target_network_frequency
+            if global_step // every > (global_step - args.batch_size) // every:  # a multiple of it was passed
+                for g in learners:
+                    comas[g].target_critic.load_state_dict(comas[g].critic.state_dict())
+
+            # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
+            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/epsilon", epsilon, global_step)
+            run.step(global_step, iteration=iteration)
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the rollout declaration, the critic's TD(lambda) targets and the COMA update ---
+
+
+def rollout_fields(spec, state_shape, args):
+    """One group's rollout, declared once: name -> (per-env shape, dtype)."""
+    A = spec.n_agents
+    fields = {
+        "obs": ((A, *spec.obs_shape), np.float32),
+        "state": (state_shape, np.float32),
+        "actions": ((A,), np.int64),
+        "last_actions": ((A,), np.int64),  # the previous step's actions; action_dim at an episode's start
+        "rewards": ((A,), np.float32),
+        "terminated": ((A,), np.bool_),
+        "truncated": ((), np.bool_),
+        "agent_mask": ((A,), np.bool_),
+        # where an episode ended: its final observation and a joint action drawn there, for the bootstrap
+        "final_obs": ((A, *spec.obs_shape), np.float32),
+        "final_state": (state_shape, np.float32),
+        "final_actions": ((A,), np.int64),
+        "final_mask": ((A,), np.bool_),
+        "values": ((A,), np.float32),  # Q'(s_t, u_t) and Q'(s_T, u_T), filled in by the update
+        "final_values": ((A,), np.float32),
+    }
+    if spec.has_action_mask:
+        fields["avail_actions"] = ((A, spec.action_dim), np.bool_)
+    if args.rnn:  # the GRU states each step was acted on, and where episodes began (the states restart)
+        fields |= {"h_actor": ((A, args.hidden_size), np.float32), "starts": ((), np.bool_)}
+    return fields
+
+
+def q_taken(critic, state, obs, actions, alive, last_actions):
+    """Q(s, u) of the taken joint action for every agent, over any leading (T, E) axes: -> (..., A)."""
+    lead = actions.shape[:-1]
+    flat = [x.reshape(-1, *x.shape[len(lead) :]) for x in (state, obs, actions, alive, last_actions)]
+    q = critic(*flat).view(*lead, *actions.shape[len(lead) :], -1)
+    return q.gather(-1, actions[..., None]).squeeze(-1), q
+
+
+def actor_logits(coma, mb, args):
+    """The actors' logits over the rollout (T, E, A, n): one flat pass, or --rnn unrolled from the stored states."""
+    if not args.rnn:
+        T, E = mb["obs"].shape[:2]
+        return coma.actor(mb["obs"].flatten(0, 1))[0].view(T, E, *mb["obs"].shape[2:3], -1)
+    logits, hx = [], mb["h_actor"][0]
+    for i in range(len(mb["obs"])):
+        out, hx = coma.actor(mb["obs"][i], hx * (1 - mb["starts"][i]).view(-1, 1, 1))
+        logits.append(out)
+    return torch.stack(logits)
+
+
+def critic_targets(coma, rb, after, args, device):
+    """TD(lambda) returns G^lambda (T, E, A) over Q'(s_{t+1}, u_{t+1}) of the target critic, by the compiled kernel;
+    after a truncation Q'(s_T, u_T) of the episode's final observation, after the rollout's last step `after`'s."""
+    mb, tc = to_torch(rb.data, device), coma.target_critic
+    with torch.no_grad():
+        values = q_taken(tc, mb["state"], mb["obs"], mb["actions"], mb["agent_mask"], mb["last_actions"])[0]
+        final = q_taken(tc, mb["final_state"], mb["final_obs"], mb["final_actions"], mb["final_mask"],
+                        mb["actions"])[0]  # fmt: skip
+        a = {k: torch.as_tensor(np.array(v)[None], device=device) for k, v in after.items()}
+        boot = q_taken(tc, a["state"].float(), a["obs"].float(), a["actions"], a["alive"], a["last_actions"])[0][0]
+    rb["values"][:], rb["final_values"][:] = values.cpu().numpy(), final.cpu().numpy()
+    return torch.as_tensor(rb.compute_td_lambda(boot.cpu().numpy(), args.gamma, args.td_lambda), device=device)
+
+
+def update(coma, actor_opt, critic_opt, rb, after, epsilon, args, device):
+    """The critic on TD(lambda) targets of the target critic, then one actor step on the counterfactual advantages."""
+    returns = critic_targets(coma, rb, after, args, device)
+    mb = to_torch(rb.data, device)
+    mask = mb["agent_mask"]  # (T, E, A): a dead agent's steps weigh nothing
+    actions, last = mb["actions"], mb["last_actions"]
+    # UPDATE the critic: --critic-updates steps of squared error on the taken joint actions
+    for _ in range(args.critic_updates):
+        q = q_taken(coma.critic, mb["state"], mb["obs"], actions, mask, last)[0]
+        critic_loss = masked_mean(mask, (q - returns) ** 2)
+        critic_opt.zero_grad()
+        critic_loss.backward()
+        nn.utils.clip_grad_norm_(coma.critic.parameters(), args.max_grad_norm)
+        critic_opt.step()
+    # UPDATE the actors: the policy gradient with the counterfactual baseline of the updated critic
+    with torch.no_grad():
+        q_all = q_taken(coma.critic, mb["state"], mb["obs"], actions, mask, last)[1]
+    pi = policy_probs(actor_logits(coma, mb, args), mb.get("avail_actions"), epsilon)
+    advantages = counterfactual_advantages(q_all, pi.detach(), actions)
+    logp = torch.log(pi.gather(-1, actions[..., None]).squeeze(-1).clamp(min=1e-10))
+    policy_loss = -masked_mean(mask, advantages * logp)
+    if not (torch.isfinite(policy_loss) and torch.isfinite(critic_loss)):  # stop before the weights are poisoned
+        raise FloatingPointError(f"group {coma.spec.name}: the losses became {policy_loss.item()} (policy) and "
+                                 f"{critic_loss.item()} (critic); lower --actor-lr / --critic-lr")  # fmt: skip
+    actor_opt.zero_grad()
+    policy_loss.backward()
+    nn.utils.clip_grad_norm_(coma.actor.parameters(), args.max_grad_norm)
+    actor_opt.step()
+    entropy = masked_mean(mask, -(pi * torch.log(pi.clamp(min=1e-10))).sum(-1))
+    return dict(policy_loss=policy_loss.item(), qf_loss=critic_loss.item(), entropy=entropy.item(),
+                q_values=masked_mean(mask, q).item(), advantage=masked_mean(mask, advantages.abs()).item())  # fmt: skip
+
+
+if __name__ == "__main__":
+    cli(Args, main)

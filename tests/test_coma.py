@@ -1,0 +1,167 @@
+"""algos/coma.py: the counterfactual baseline against a per-agent loop, the critic's TD(lambda) targets against
+buffers/reference.py, and the script end to end with tiny budgets (in this process via `runpy`)."""
+
+import json
+import re
+import runpy
+import sys
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from buffers import RolloutBuffer, reference
+from envs.api import GroupSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "algos" / "coma.py"
+TINY = ["--num-envs", "2", "--num-steps", "10", "--eval-episodes", "2", "--final-eval-episodes", "4",
+        "--target-network-frequency", "40"]  # fmt: skip
+SCRIPTED = "test_envs:make_scripted_env"  # action masks, a unit that dies mid-episode (tests/test_envs.py)
+SPEC = GroupSpec("unit", ("u0", "u1", "u2"), (4,), np.float32, True, 5)
+
+
+@pytest.fixture(scope="module")
+def coma():
+    return runpy.run_path(str(SCRIPT), run_name="coma")
+
+
+def run_inline(capsys, *flags, check=True):
+    with mock.patch.object(sys, "argv", [str(SCRIPT), *TINY, *map(str, flags)]):
+        try:
+            runpy.run_path(str(SCRIPT), run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    out = capsys.readouterr()
+    if check and code != 0:
+        raise AssertionError(f"coma {flags} failed ({code}):\n{out.err[-3000:]}")
+    return code, out.out, out.err
+
+
+def scalars(run_dir, tag):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+@pytest.mark.parametrize("last_actions", [False, True])
+def test_counterfactual_baseline_equals_a_per_agent_loop(coma, last_actions):
+    torch.manual_seed(0)
+    args = coma["Args"](critic_last_actions=last_actions)
+    critic = coma["Critic"](SPEC, 7, args)
+    B, A, n = 16, 3, 5
+    state, obs = torch.randn(B, 7), torch.randn(B, A, 4)
+    actions, alive, last = torch.randint(n, (B, A)), (torch.rand(B, A) < 0.8).float(), torch.randint(n + 1, (B, A))
+    pi = torch.softmax(torch.randn(B, A, n), -1)
+    with torch.no_grad():
+        batched = coma["counterfactual_advantages"](critic(state, obs, actions, alive, last), pi, actions)
+        expected = torch.zeros(B, A)
+        for a in range(A):  # the textbook form: replace agent a's action by each alternative, one critic call each
+            q = torch.zeros(B, n)
+            for alt in range(n):
+                joint = actions.clone()
+                joint[:, a] = alt
+                q[:, alt] = critic(state, obs, joint, alive, last)[:, a, alt]
+            expected[:, a] = q.gather(1, actions[:, a : a + 1]).squeeze(1) - (pi[:, a] * q).sum(-1)
+    torch.testing.assert_close(batched, expected, rtol=1e-5, atol=1e-5)
+    assert batched.abs().max() > 1e-3  # not vacuous
+
+
+def test_critic_targets_equal_the_reference_td_lambda_with_terminations_and_truncations(coma):
+    torch.manual_seed(1)
+    args = coma["Args"](gamma=0.9, td_lambda=0.7, critic_last_actions=True)  # every input matters
+    group = coma["Coma"](SPEC, 7, args)
+    T, E, A, n = 9, 4, 3, 5
+    rng = np.random.default_rng(2)
+    rb = RolloutBuffer(T, E, coma["rollout_fields"](SPEC, (7,), args))
+    truncated = np.zeros((T, E), bool)
+    truncated[4, 0] = truncated[T - 1, 1] = truncated[2, 3] = True  # mid-rollout and at the last step
+    terminated = rng.random((T, E, A)) < 0.1  # some agents die
+    for i in range(T):
+        rb.add(obs=rng.normal(size=(E, A, 4)), state=rng.normal(size=(E, 7)), actions=rng.integers(n, size=(E, A)),
+               last_actions=rng.integers(n + 1, size=(E, A)), rewards=rng.normal(size=(E, A)),
+               terminated=terminated[i], truncated=truncated[i], agent_mask=rng.random((E, A)) < 0.9,
+               final_obs=rng.normal(size=(E, A, 4)), final_state=rng.normal(size=(E, 7)),
+               final_actions=rng.integers(n, size=(E, A)), final_mask=np.ones((E, A), bool),
+               values=np.zeros((E, A)), final_values=np.zeros((E, A)))  # fmt: skip
+    after = {"state": rng.normal(size=(E, 7)), "obs": rng.normal(size=(E, A, 4)), "alive": np.ones((E, A), bool),
+             "actions": rng.integers(n, size=(E, A)), "last_actions": rng.integers(n, size=(E, A))}  # fmt: skip
+    returns = coma["critic_targets"](group, rb, after, args, "cpu").numpy()
+
+    def q_target(state, obs, actions, alive, last):  # Q'(s, u) of the taken joint action, (E, A)
+        f = lambda x, dt=torch.float32: torch.as_tensor(np.asarray(x), dtype=dt)  # noqa: E731
+        with torch.no_grad():
+            q = group.target_critic(f(state), f(obs), f(actions, torch.int64), f(alive), f(last, torch.int64))
+        return q.gather(-1, f(actions, torch.int64)[..., None]).squeeze(-1).numpy()
+
+    d = rb.data
+    next_values = np.zeros((T, E, A), np.float32)
+    for i in range(T):
+        if i + 1 < T:
+            nxt = q_target(d["state"][i + 1], d["obs"][i + 1], d["actions"][i + 1], d["agent_mask"][i + 1],
+                           d["last_actions"][i + 1])  # fmt: skip
+        else:
+            nxt = q_target(after["state"], after["obs"], after["actions"], after["alive"], after["last_actions"])
+        final = q_target(d["final_state"][i], d["final_obs"][i], d["final_actions"][i], d["final_mask"][i],
+                         d["actions"][i])  # fmt: skip
+        ends = terminated[i] | truncated[i][:, None]
+        next_values[i] = np.where(ends, final, nxt)
+    ends = terminated | truncated[..., None]
+    expected = reference.td_lambda(d["rewards"].reshape(T, -1), next_values.reshape(T, -1), terminated.reshape(T, -1),
+                                   ends.reshape(T, -1), 0.9, 0.7).reshape(T, E, A)  # fmt: skip
+    np.testing.assert_allclose(returns, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_policy_probs_keep_the_epsilon_floor_on_available_actions_only(coma):
+    logits = torch.tensor([[[5.0, 0.0, 0.0, -3.0]]])
+    avail = torch.tensor([[[True, False, True, True]]])
+    pi = coma["policy_probs"](logits, avail, 0.3)
+    assert pi[..., 1] == 0 and torch.allclose(pi.sum(-1), torch.ones(1, 1))
+    assert pi[..., 3] >= 0.1 - 1e-6  # at least epsilon / 3 available actions
+
+
+def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions(tmp_path, capsys):
+    run_inline(capsys, "--total-timesteps", 200, "--eval-interval", 100, "--run-dir", tmp_path)
+    for name in ("config.json", "last.pt", "best.pt", "final_eval.json", "DONE"):
+        assert (tmp_path / name).exists(), name
+    for tag in ("losses/policy_loss", "losses/qf_loss", "losses/q_values", "charts/epsilon"):
+        assert scalars(tmp_path, tag), tag
+    _, stdout, _ = run_inline(capsys, "--eval-checkpoint", tmp_path / "last.pt")
+    reloaded = float(re.search(r"episodic return (-?[\d.]+)", stdout).group(1))
+    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"][:2]
+    assert reloaded == pytest.approx(float(np.mean(final)), abs=0.01)
+
+
+def test_same_seed_same_first_losses_and_another_seed_differs(tmp_path, capsys):
+    for name, seed, every in (("a", 3, 0), ("b", 3, 40), ("c", 4, 0)):  # an evaluation in between changes nothing
+        run_inline(capsys, "--total-timesteps", 80, "--eval-episodes", 1, "--seed", seed, "--eval-interval", every,
+                   "--run-dir", tmp_path / name)  # fmt: skip
+    for tag in ("losses/policy_loss", "losses/qf_loss"):
+        a, b, c = (scalars(tmp_path / name, tag) for name in "abc")
+        assert a and a == b and a != c, tag
+
+
+@pytest.mark.parametrize("flags", [["--rnn", "--critic-last-actions"], []])
+def test_masks_and_a_dying_unit_on_a_scripted_env(flags, tmp_path, capsys):
+    """The scripted env fails on a masked-out action, and its unit_2 dies mid-episode."""
+    run_inline(capsys, "--env", SCRIPTED, "--total-timesteps", 120, "--eval-interval", 0, "--run-dir", tmp_path, *flags)
+    assert (tmp_path / "DONE").exists() and scalars(tmp_path, "losses/qf_loss")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--continuous-actions"], "coma needs discrete actions"),
+        (["--critic-updates", 0], "--critic-updates 0 must be a positive integer"),
+        (["--td-lambda", 2], "--td-lambda 2.0 must lie in [0, 1]"),
+    ],
+)
+def test_bad_input_fails_with_one_clear_error(flags, message, capsys):
+    code, _, stderr = run_inline(capsys, *flags, check=False)
+    assert code == 2 and "Traceback" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("error:") and message.lower() in line.lower(), stderr
