@@ -4,14 +4,12 @@ buffers/reference.py, and the script end to end with tiny budgets (in this proce
 import json
 import re
 import runpy
-import sys
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
+import script_runs
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from buffers import RolloutBuffer, reference
 from envs.api import GroupSpec
@@ -30,22 +28,7 @@ def coma():
 
 
 def run_inline(capsys, *flags, check=True):
-    with mock.patch.object(sys, "argv", [str(SCRIPT), *TINY, *map(str, flags)]):
-        try:
-            runpy.run_path(str(SCRIPT), run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    out = capsys.readouterr()
-    if check and code != 0:
-        raise AssertionError(f"coma {flags} failed ({code}):\n{out.err[-3000:]}")
-    return code, out.out, out.err
-
-
-def scalars(run_dir, tag):
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+    return script_runs.run_inline(capsys, "coma", *TINY, *flags, check=check)
 
 
 @pytest.mark.parametrize("last_actions", [False, True])
@@ -129,7 +112,7 @@ def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions
     for name in ("config.json", "last.pt", "best.pt", "final_eval.json", "DONE"):
         assert (tmp_path / name).exists(), name
     for tag in ("losses/policy_loss", "losses/qf_loss", "losses/q_values", "charts/epsilon"):
-        assert scalars(tmp_path, tag), tag
+        assert script_runs.scalars(tmp_path, tag), tag
     _, stdout, _ = run_inline(capsys, "--eval-checkpoint", tmp_path / "last.pt")
     reloaded = float(re.search(r"episodic return (-?[\d.]+)", stdout).group(1))
     final = json.loads((tmp_path / "final_eval.json").read_text())["returns"][:2]
@@ -141,7 +124,7 @@ def test_same_seed_same_first_losses_and_another_seed_differs(tmp_path, capsys):
         run_inline(capsys, "--total-timesteps", 80, "--eval-episodes", 1, "--seed", seed, "--eval-interval", every,
                    "--run-dir", tmp_path / name)  # fmt: skip
     for tag in ("losses/policy_loss", "losses/qf_loss"):
-        a, b, c = (scalars(tmp_path / name, tag) for name in "abc")
+        a, b, c = (script_runs.scalars(tmp_path / name, tag) for name in "abc")
         assert a and a == b and a != c, tag
 
 
@@ -149,7 +132,7 @@ def test_same_seed_same_first_losses_and_another_seed_differs(tmp_path, capsys):
 def test_masks_and_a_dying_unit_on_a_scripted_env(flags, tmp_path, capsys):
     """The scripted env fails on a masked-out action, and its unit_2 dies mid-episode."""
     run_inline(capsys, "--env", SCRIPTED, "--total-timesteps", 120, "--eval-interval", 0, "--run-dir", tmp_path, *flags)
-    assert (tmp_path / "DONE").exists() and scalars(tmp_path, "losses/qf_loss")
+    assert (tmp_path / "DONE").exists() and script_runs.scalars(tmp_path, "losses/qf_loss")
 
 
 @pytest.mark.parametrize(

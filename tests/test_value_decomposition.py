@@ -5,15 +5,13 @@ import copy
 import json
 import re
 import runpy
-import sys
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 import pytest
+import script_runs
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from buffers import EpisodeReplayBuffer
 from envs.api import GroupSpec, Observation
@@ -31,24 +29,7 @@ def script(algo):
 
 
 def run_inline(capsys, algo, *flags, check=True):
-    """Execute the script as __main__ in this process; returns (exit code, stdout, stderr)."""
-    path = ROOT / "algos" / f"{algo}.py"
-    with mock.patch.object(sys, "argv", [str(path), *TINY, *map(str, flags)]):
-        try:
-            runpy.run_path(str(path), run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    out = capsys.readouterr()
-    if check and code != 0:
-        raise AssertionError(f"{algo} {flags} failed ({code}):\n{out.err[-3000:]}")
-    return code, out.out, out.err
-
-
-def scalars(run_dir, tag):
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+    return script_runs.run_inline(capsys, algo, *TINY, *flags, check=check)
 
 
 # --- the mixers ------------------------------------------------------------------------------------
@@ -234,9 +215,9 @@ def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions
     run_inline(capsys, algo, "--total-timesteps", 200, "--eval-interval", 100, "--run-dir", tmp_path)
     for name in ("config.json", "last.pt", "best.pt", "final_eval.json", "DONE"):
         assert (tmp_path / name).exists(), name
-    assert len(scalars(tmp_path, "eval/episodic_return")) == 2
+    assert len(script_runs.scalars(tmp_path, "eval/episodic_return")) == 2
     for tag in ("losses/td_loss", "losses/q_values", "charts/epsilon", "charts/episodic_return"):
-        assert scalars(tmp_path, tag), tag
+        assert script_runs.scalars(tmp_path, tag), tag
     ckpt = torch.load(tmp_path / "last.pt", weights_only=True)
     assert ckpt["global_step"] == 200 and ckpt["algo"] == algo
     # greedy evaluation of the reloaded checkpoint replays the first episodes of the run's final evaluation exactly
@@ -251,7 +232,7 @@ def test_same_seed_same_first_losses_and_another_seed_differs(algo, tmp_path, ca
     common = ["--total-timesteps", 120, "--eval-episodes", 1]
     for name, seed, every in (("a", 3, 0), ("b", 3, 50), ("c", 4, 0)):  # an evaluation in between changes nothing
         run_inline(capsys, algo, *common, "--seed", seed, "--eval-interval", every, "--run-dir", tmp_path / name)
-    a, b, c = (scalars(tmp_path / name, "losses/td_loss") for name in "abc")
+    a, b, c = (script_runs.scalars(tmp_path / name, "losses/td_loss") for name in "abc")
     assert a and a == b and a != c
 
 
@@ -268,7 +249,7 @@ def test_masks_dead_agents_and_variants_on_a_scripted_env(algo, flags, tmp_path,
     """The scripted env fails on a masked-out action, and its unit_2 dies mid-episode."""
     run_inline(capsys, algo, "--env", SCRIPTED, "--total-timesteps", 200, "--eval-interval", 0, "--learning-starts",
                30, "--run-dir", tmp_path, *flags)  # fmt: skip
-    assert (tmp_path / "DONE").exists() and scalars(tmp_path, "losses/td_loss")
+    assert (tmp_path / "DONE").exists() and script_runs.scalars(tmp_path, "losses/td_loss")
 
 
 def test_a_group_frozen_to_random_actions_on_a_competitive_env(tmp_path, capsys):

@@ -1,0 +1,311 @@
+"""VDAC-sum and VDAC-mix (Su et al. 2021, arXiv:2007.12306); results: results/simple_spread_v3/vdac.json"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributions import Categorical
+
+from buffers import RolloutBuffer, to_torch
+from runtime import (
+    ArgumentError,
+    MultiAgentArgs,
+    Run,
+    check_args,
+    check_discrete,
+    check_groups,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    setup,
+)
+
+ALGO = "vdac"
+CONTINUOUS = "mappo.py, ippo.py, maddpg.py, matd3.py or iddpg.py"  # the scripts for continuous actions
+
+
+@dataclass
+class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
+    # --- VDAC (the learning groups form one team; its reward is the mean of its agents' rewards) ---
+    mixer: str = "mix"
+    """'sum' (VDAC-sum: V_tot = sum of the local V_a) or 'mix' (VDAC-mix: a monotonic mix conditioned on the state)"""
+    learning_rate: float = 7e-4
+    """Adam learning rate of actors, local critics and mixer"""
+    anneal_lr: bool = True
+    """linear learning-rate decay to 0"""
+    num_steps: int = 25
+    """steps per env per rollout"""
+    gamma: float = 0.95
+    """discount; 0.95 for 25-step MPE episodes, as in mappo.py"""
+    gae_lambda: float = 0.95
+    """GAE lambda of the team advantage"""
+    update_epochs: int = 10
+    """passes over each rollout (1: the paper's single actor-critic step, where the ratio clip changes nothing)"""
+    num_minibatches: int = 1
+    """minibatches per pass"""
+    clip_coef: float = 0.2
+    """PPO's ratio clip of the policy loss, which keeps several passes near the acting policy"""
+    ent_coef: float = 0.01
+    """entropy bonus weight"""
+    vf_coef: float = 1.0
+    """weight of the V_tot loss"""
+    max_grad_norm: float = 10.0
+    """gradient-norm clip of actors and critics separately"""
+    norm_adv: bool = True
+    """advantage normalization"""
+    hidden_size: int = 64
+    """width of the actors' and local critics' hidden layers"""
+    mixing_embed_dim: int = 32
+    """--mixer mix: width of the mixing network's hidden layer"""
+    hypernet_embed: int = 64
+    """--mixer mix: width of the hypernetworks' hidden layer"""
+
+    # --- derived at runtime ---
+    batch_size: int = field(default=0, init=False)
+    """num_envs x num_steps"""
+    num_iterations: int = field(default=0, init=False)
+    """total_timesteps // batch_size"""
+
+
+def mlp(d_in, d_out, h, out_std):
+    """Linear-ReLU-Linear-ReLU-Linear with orthogonal initialization."""
+    layers = [nn.Linear(d_in, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, d_out)]
+    for layer, std in zip(layers[::2], (2**0.5, 2**0.5, out_std), strict=True):
+        nn.init.orthogonal_(layer.weight, std)
+        nn.init.zeros_(layer.bias)
+    return nn.Sequential(*layers)
+
+
+class Agents(nn.Module):
+    """One group's decentralized actor pi(a | o) and local critic V_a(o), each shared by its agents (with an id)."""
+
+    def __init__(self, spec, args):
+        super().__init__()
+        self.spec, d = spec, int(np.prod(spec.obs_shape)) + spec.n_agents
+        self.actor = mlp(d, spec.action_dim, args.hidden_size, 0.01)
+        self.critic = mlp(d, 1, args.hidden_size, 1.0)
+
+    def forward(self, obs):  # obs (B, A, *obs_shape) -> logits (B, A, n), local values (B, A)
+        x = obs.flatten(2)
+        x = torch.cat([x, torch.eye(self.spec.n_agents, device=x.device).expand(*x.shape[:-1], -1)], -1)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+
+class Mixer(nn.Module):
+    """V_tot = w2 . elu(W1 v + b1) + V(s), with W1, w2 >= 0 from hypernetworks on the state: dV_tot/dV_a >= 0."""
+
+    def __init__(self, n_agents, state_dim, args):
+        super().__init__()
+        e, h = args.mixing_embed_dim, args.hypernet_embed
+        self.hyper_w1 = nn.Sequential(nn.Linear(state_dim, h), nn.ReLU(), nn.Linear(h, n_agents * e))
+        self.hyper_b1 = nn.Linear(state_dim, e)
+        self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, h), nn.ReLU(), nn.Linear(h, e))
+        self.v = nn.Sequential(nn.Linear(state_dim, e), nn.ReLU(), nn.Linear(e, 1))
+
+    def forward(self, values, state):  # values (B, N) local values, state (B, S) -> V_tot (B,)
+        B, N = values.shape
+        w1 = self.hyper_w1(state).abs().view(B, N, -1)  # abs: the monotonicity constraint
+        hidden = F.elu((values.unsqueeze(1) @ w1).squeeze(1) + self.hyper_b1(state))
+        return (hidden * self.hyper_w2(state).abs()).sum(-1) + self.v(state).squeeze(-1)
+
+
+class VDAC(nn.Module):
+    """The team: one Agents per learning group, and V_tot from all their local values (a sum, or the mixer)."""
+
+    def __init__(self, specs, state_dim, args):
+        super().__init__()
+        self.agents = nn.ModuleDict({g: Agents(spec, args) for g, spec in specs.items()})
+        n_agents = sum(spec.n_agents for spec in specs.values())
+        self.mixer = Mixer(n_agents, state_dim, args) if args.mixer == "mix" else None
+
+    def v_tot(self, local_values, state, alive):  # local (B, N), state (B, *S), alive (B, N) -> V_tot (B,)
+        local_values = local_values * alive  # a dead agent adds nothing
+        return local_values.sum(-1) if self.mixer is None else self.mixer(local_values, state.flatten(1))
+
+
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
+
+
+def masked_mean(mask, x):
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def dist(logits, avail=None):  # action masks: unavailable actions get zero probability
+    return Categorical(logits=logits if avail is None else logits.masked_fill(avail == 0, -1e9), validate_args=False)
+
+
+@torch.no_grad()
+def act(vdac, groups, obs, device, rng, random_groups=(), greedy=False):
+    """Actions of every group (numpy), their log-probabilities (learning groups), and V_tot of the team (E,)."""
+    actions, logprobs, local = {}, {}, []
+    for g, spec in groups.items():
+        avail = obs.avail_actions.get(g)
+        if g in random_groups:  # a frozen group: uniform over the (available) actions
+            actions[g] = np.argmax(rng.random((*obs.agent_mask[g].shape, spec.action_dim)) * (1 if avail is None else
+                                   avail), -1)  # fmt: skip
+            continue
+        logits, v = vdac.agents[g](t(obs.obs[g], device))
+        d = dist(logits, None if avail is None else t(avail, device))
+        a = d.probs.argmax(-1) if greedy else d.sample()
+        actions[g], logprobs[g] = a.cpu().numpy(), d.log_prob(a).cpu().numpy()
+        local.append(v)
+    alive = t(np.concatenate([obs.agent_mask[g] for g in vdac.agents], 1), device)
+    return actions, logprobs, vdac.v_tot(torch.cat(local, -1), t(obs.state, device), alive).cpu().numpy()
+
+
+NETWORK_FLAGS = ("hidden_size", "mixer", "mixing_embed_dim", "hypernet_embed")  # what the weights depend on
+
+
+def main(args):
+    args.batch_size = args.num_envs * args.num_steps
+    check_args(args, (args.mixer in ("sum", "mix"), f"--mixer {args.mixer!r} must be 'sum' or 'mix'"),
+               (args.num_minibatches <= args.batch_size, f"--num-minibatches {args.num_minibatches} exceeds the "
+                f"rollout's {args.batch_size} env steps (--num-envs x --num-steps)"),
+               (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
+                f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    args.num_iterations = args.total_timesteps // args.batch_size
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    check_discrete(args, env, ALGO, CONTINUOUS)
+    learners = check_groups(args, env)
+    specs = {g: env.groups[g] for g in learners}
+    vdac = VDAC(specs, int(np.prod(env.state_shape)), args).to(device)
+    optimizer = torch.optim.Adam(vdac.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    def make_greedy(num_envs, rng):  # evaluation: the most probable action of every agent
+        return lambda obs, done: act(vdac, env.groups, obs, device, rng, args.random_groups, greedy=True)[0]
+
+    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, {"vdac": vdac}, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+    run = Run(args, ALGO, env, {"vdac": vdac}, {"vdac": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",),
+              eval_env)  # fmt: skip
+    writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
+    rb = RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(specs, env.state_shape))
+    obs = env.reset()
+    with run:
+        for iteration in range(start, args.num_iterations + 1):
+            lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
+            optimizer.param_groups[0]["lr"] = lr
+
+            for _ in range(args.num_steps):
+                # ACT
+                actions, logprobs, values = act(vdac, env.groups, obs, device, rng, args.random_groups)
+                # STEP
+                step = env.step(actions)
+                global_step += args.num_envs
+                # STORE: a truncated episode bootstraps from V_tot(final observation), not the next episode's first
+                final_values = act(vdac, env.groups, step.final, device, rng, args.random_groups)[2] if (
+                    step.truncated.any()) else np.zeros_like(values)  # fmt: skip
+                rb.add(**stored(specs, obs, actions, logprobs, step), values=values, final_values=final_values)
+                run.log_episodes(step.episodes, global_step)
+                obs = step.next
+
+            # TARGETS: GAE of the team's TD errors r + gamma V_tot(s') - V_tot(s), by the compiled kernel
+            rb.compute_gae(act(vdac, env.groups, obs, device, rng, args.random_groups)[2], args.gamma, args.gae_lambda)
+            # UPDATE
+            for k, v in update(vdac, optimizer, rb, specs, args, device, rng).items():
+                writer.add_scalar(f"losses/{k}", v, global_step)
+            rb.reset()
+
+            # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
+            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/learning_rate", lr, global_step)
+            run.step(global_step, iteration=iteration)
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the rollout declaration and the VDAC update ---
+
+
+def rollout_fields(specs, state_shape):
+    """The team's rollout, declared once: name -> (per-env shape, dtype)."""
+    fields = {
+        "state": (state_shape, np.float32),
+        "rewards": ((), np.float32),  # the team's: the mean over its agents
+        "terminated": ((), np.bool_),  # every agent of the team terminated
+        "truncated": ((), np.bool_),
+        "values": ((), np.float32),  # V_tot(s_t)
+        "final_values": ((), np.float32),  # V_tot(final observation) where an episode was truncated
+    }
+    for g, spec in specs.items():
+        A = spec.n_agents
+        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_actions": ((A,), np.int64),
+                   f"{g}_logprobs": ((A,), np.float32), f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
+        if spec.has_action_mask:
+            fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
+    return fields
+
+
+def stored(specs, obs, actions, logprobs, step):
+    """One step of the team: its reward and termination, and each group's observations, actions and masks."""
+    if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
+        raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
+                            f"trains one team on one reward; freeze the opponents with --random-groups, or use "
+                            f"mappo.py or ippo.py, which train groups apart")  # fmt: skip
+    out = {
+        "state": obs.state,
+        "rewards": np.concatenate([step.rewards[g] for g in specs], 1).mean(1),
+        "terminated": np.concatenate([step.terminated[g] for g in specs], 1).all(1),
+        "truncated": step.truncated,
+    }
+    for g in specs:
+        out |= {f"{g}_obs": obs.obs[g], f"{g}_actions": actions[g], f"{g}_logprobs": logprobs[g],
+                f"{g}_alive": obs.agent_mask[g]}  # fmt: skip
+        if g in obs.avail_actions:
+            out[f"{g}_avail"] = obs.avail_actions[g]
+    return out
+
+
+def update(vdac, optimizer, rb, specs, args, device, rng):
+    """Actor-critic epochs: every agent's policy follows the team advantage; V_tot regresses on the GAE returns."""
+    clipfracs = []
+    for _ in range(args.update_epochs):
+        for mb in rb.minibatches(args.num_minibatches, rng):
+            mb = to_torch(mb, device)
+            adv = mb["advantages"]  # (B,): one team advantage, credited to each agent through its own policy
+            if args.norm_adv:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_losses, entropies, masks, local = [], [], [], []
+            for g, agents in vdac.agents.items():
+                logits, v = agents(mb[f"{g}_obs"])
+                d = dist(logits, mb.get(f"{g}_avail"))
+                # the policy gradient with the team advantage; on the first pass ratio = 1 (A2C's gradient), then
+                # PPO's pessimistic clip keeps the later passes near the acting policy
+                ratio = (d.log_prob(mb[f"{g}_actions"]) - mb[f"{g}_logprobs"]).exp()
+                clipped = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+                pg_losses.append(-torch.min(ratio * adv[:, None], clipped * adv[:, None]))
+                clipfracs.append(((ratio - 1).abs() > args.clip_coef).float().mean().item())
+                entropies.append(d.entropy())
+                masks.append(mb[f"{g}_alive"])
+                local.append(v)
+            mask = torch.cat(masks, -1)  # (B, N): dead agents' steps weigh nothing
+            pg_loss = masked_mean(mask, torch.cat(pg_losses, -1))
+            entropy = masked_mean(mask, torch.cat(entropies, -1))
+            v_tot = vdac.v_tot(torch.cat(local, -1), mb["state"], mask)
+            v_loss = 0.5 * ((v_tot - mb["returns"]) ** 2).mean()
+            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+            if not torch.isfinite(loss):  # stop before the weights are poisoned
+                raise FloatingPointError(f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
+                                         f"{v_loss.item():.3g}); lower --learning-rate")  # fmt: skip
+            optimizer.zero_grad()
+            loss.backward()
+            for agents in vdac.agents.values():
+                nn.utils.clip_grad_norm_(agents.actor.parameters(), args.max_grad_norm)
+            critics = [p for a in vdac.agents.values() for p in a.critic.parameters()]
+            nn.utils.clip_grad_norm_(critics + ([] if vdac.mixer is None else list(vdac.mixer.parameters())),
+                                     args.max_grad_norm)  # fmt: skip
+            optimizer.step()
+    ret, val = rb.targets["returns"], rb["values"]
+    explained_var = 0.0 if np.var(ret) == 0 else float(1 - np.var(ret - val) / np.var(ret))
+    return dict(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=entropy.item(),
+                clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
+
+
+if __name__ == "__main__":
+    cli(Args, main)
