@@ -102,13 +102,16 @@ class Critic(nn.Module):
 
     def forward(self, state, obs, actions, alive, last_actions=None):
         """state (B, S), obs (B, A, *obs_shape), actions, alive, last_actions (B, A; n: none) -> Q (B, A, n)."""
+        return self.net(self.inputs(state, obs, actions, alive, last_actions))
+
+    def inputs(self, state, obs, actions, alive, last_actions=None):  # -> every agent's input row (B, A, d)
         B, A, n = *actions.shape, self.n_actions
         joint = (F.one_hot(actions, n) * alive[..., None]).view(B, 1, A * n).float()  # dead agents act no action
         others = joint * (1 - torch.eye(A, device=joint.device)).repeat_interleave(n, 1)  # (B, A, A n): own one zeroed
         parts = [state.flatten(1)[:, None].expand(B, A, -1), obs.flatten(2), others]
         if self.last_actions:
             parts.append(F.one_hot(last_actions, n + 1)[..., :n].reshape(B, 1, A * n).expand(B, A, -1).float())
-        return self.net(with_id(torch.cat(parts, -1), A))
+        return with_id(torch.cat(parts, -1), A)
 
 
 class Coma(nn.Module):
