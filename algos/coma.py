@@ -27,6 +27,10 @@ CONTINUOUS = "mappo.py, ippo.py, maddpg.py, matd3.py or iddpg.py"  # the scripts
 
 @dataclass
 class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
+    num_envs: int = 16
+    """parallel training envs: COMA's actors take one step per rollout, so smaller rollouts mean more of them
+    (16 learned faster than 128: results/simple_spread_v3/coma_tuning.md)"""
+
     # --- COMA (each learning group: decentralized actors sharing one network, one centralized critic) ---
     actor_lr: float = 5e-4
     """Adam learning rate of the actors"""
