@@ -1,8 +1,8 @@
-"""End-to-end training speed of the MPE scripts (MAPPO, IPPO, MADDPG, MATD3, IDDPG; IQL, VDN, QMIX, WQMIX), and where
-the time goes.
+"""End-to-end training speed of the MPE scripts (MAPPO, IPPO, MADDPG, MATD3, IDDPG; IQL, VDN, QMIX, WQMIX; COMA, VDAC),
+and where the time goes.
 
     python results/bench_train.py            # writes results/speed/train.md and train.json
-    python results/bench_train.py --algos mappo,iql,vdn,qmix,wqmix --name train_value_decomposition
+    python results/bench_train.py --algos mappo,iql,vdn,qmix,wqmix,coma,vdac --name train_team  # the newer scripts
 
 Each script runs as a subprocess with the settings used for the results (its defaults: for the PPO scripts
 128 envs, 25-step rollouts, 10 epochs; for the DDPG family 128 envs, one update of 256 per 256 transitions)
@@ -73,6 +73,13 @@ for _algo in ("iql", "qmix"):  # the value-decomposition family: vdn is qmix wit
         ("finish", "buffers/episode.py"): "storing the steps (EpisodeReplayBuffer.add, finish)",
         ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
     }
+PHASES["coma"] = {
+    ("update", "algos/coma.py"): "update (critic targets, critic steps, one actor step)",
+    ("critic_targets", "algos/coma.py"): "- of which TD(lambda) targets of the target critic (compiled kernel)",
+    ("act", "algos/coma.py"): "acting (actor forward, epsilon floor, sampling; also at final observations)",
+    ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 16 envs)",
+    ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
+}
 SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
 # published variants (results/<env>/<algo>-<variant>.json) timed too, on the Numba MPE: their flags
 VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
@@ -127,7 +134,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=320_000, help="env steps per Numba-MPE run")
     parser.add_argument("--pz-steps", type=int, default=64_000, help="env steps per mpe2 (PettingZoo) run")
-    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg,iql,vdn,qmix,wqmix",
+    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg,iql,vdn,qmix,wqmix,coma,vdac",
                         help="comma-separated scripts")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--name", default="train", help="file names of the report: <out>/<name>.md and .json")
@@ -170,7 +177,8 @@ def markdown(report):
         f"{loads[1]} after. Regenerate: `{report['command']}`.",
         "Settings: the scripts' defaults (PPO: 128 envs, 25-step rollouts, 1 minibatch, 10 epochs; DDPG family: 128 "
         "envs, batch 256 every 256 transitions, 25k random steps first; value decomposition (iql, vdn, qmix, wqmix): "
-        "128 envs, GRU agents, 32 whole episodes every 200 env steps after 10k steps), evaluation off; "
+        "128 envs, GRU agents, 32 whole episodes every 200 env steps after 10k steps; COMA: 16 envs, 25-step rollouts; "
+        "VDAC: as PPO), evaluation off; "
         "'other flags': a published variant's (results/README.md).",
         "",
         "| script | backend | vector | torch threads | other flags | env-steps/s | command |",
