@@ -568,14 +568,16 @@ class SyncVecEnv(PettingZooVecEnv):
         num_envs: E.
         seed: env i is reset with `seed + i` by `reset()`.
         state_from_obs: use the concatenated observations as the state without calling `state()`.
+        runner: what steps each env (`EnvRunner`; `envs.magent_native.MagentRunner` for MAgent2's engine).
     """
 
-    def __init__(self, env_fn: Callable, num_envs: int, seed: int = 0, state_from_obs: bool = False):
+    def __init__(self, env_fn: Callable, num_envs: int, seed: int = 0, state_from_obs: bool = False,
+                 runner: type | None = None):  # fmt: skip
         envs = [env_fn() for _ in range(num_envs)]
         spec = describe(envs[0], seed, state_from_obs)
         buffers = StepArrays(spec, num_envs)
         super().__init__(spec, num_envs, seed, buffers)
-        self.runners = [EnvRunner(env, spec, buffers, i) for i, env in enumerate(envs)]
+        self.runners = [(runner or EnvRunner)(env, spec, buffers, i) for i, env in enumerate(envs)]
 
     def _reset_envs(self, seed: int) -> None:
         for i, runner in enumerate(self.runners):

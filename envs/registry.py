@@ -212,8 +212,9 @@ def make(
         vector: `"sync"` steps the envs one after another in this process; `"subproc"` steps them
             in worker processes (each holding a block of envs) and moves observations through
             shared memory. Both give identical trajectories. Ignored by the numba backend.
-        backend: `"pettingzoo"`, `"numba"` to delegate MPE ids to `envs.mpe.make_vec`, or `"auto"`:
-            numba for the ids it implements, pettingzoo for every other id.
+        backend: `"pettingzoo"`, `"numba"` to delegate MPE ids to `envs.mpe.make_vec`, `"native"` to step MAgent2
+            ids through their engine's team handles (`envs.magent_native`; the same numbers, bit for bit), or
+            `"auto"`: numba for the MPE ids it implements, native for MAgent2 ids, pettingzoo for every other id.
         num_workers: `"subproc"` only: the worker processes (default: one per CPU, at most E).
         **env_kwargs: passed to the env constructor (e.g. `N=5`, `max_cycles=50`, `map_size=20`,
             `continuous_actions=True`).
@@ -226,12 +227,16 @@ def make(
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    magent = env_id in REGISTRY and REGISTRY[env_id].family == "magent"
     if backend == "auto":
-        backend = "numba" if env_id in _numba_ids() else "pettingzoo"
+        backend = "numba" if env_id in _numba_ids() else "native" if magent else "pettingzoo"
     if backend == "numba":
         return _make_numba(env_id, num_envs, seed, **env_kwargs)
-    if backend != "pettingzoo":
-        raise ValueError(f"unknown backend {backend!r}: use 'pettingzoo', 'numba' or 'auto'")
+    if backend not in ("pettingzoo", "native"):
+        raise ValueError(f"unknown backend {backend!r}: use 'pettingzoo', 'numba', 'native' or 'auto'")
+    if backend == "native" and not magent:
+        raise ValueError(f"backend 'native' steps MAgent2 envs only, and {env_id} is not one: use 'pettingzoo' or "
+                         f"'auto'")  # fmt: skip
     if vector not in ("sync", "subproc"):
         raise ValueError(f"unknown vector mode {vector!r}: use 'sync' or 'subproc'")
     # Fail on a bad id before doing any work, with the same message for both vector modes.
@@ -240,13 +245,17 @@ def make(
     entry = REGISTRY.get(env_id)
     state_from_obs = entry.state_from_obs if entry is not None else False
     factory = env_factory(env_id, **env_kwargs)
+    runner = None
+    if backend == "native":
+        from envs.magent_native import MagentRunner as runner
     if vector == "sync":
         from envs.pettingzoo_env import SyncVecEnv
 
-        return SyncVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs)
+        return SyncVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs, runner=runner)
     from envs.subproc import SubprocVecEnv
 
-    return SubprocVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs, num_workers=num_workers)
+    kwargs = {} if runner is None else {"runner": runner}
+    return SubprocVecEnv(factory, num_envs, seed, state_from_obs=state_from_obs, num_workers=num_workers, **kwargs)
 
 
 def _numba_ids() -> set[str]:

@@ -44,7 +44,7 @@ def _envs(lo: int, hi: int) -> str:
     return f"env {lo}" if hi - lo == 1 else f"envs {lo}-{hi - 1}"
 
 
-def _worker(lo: int, hi: int, env_fn: Callable, spec: EnvSpec, num_envs: int, memory, conn) -> None:
+def _worker(lo: int, hi: int, env_fn: Callable, spec: EnvSpec, num_envs: int, memory, conn, runner=EnvRunner) -> None:
     """Worker process main loop: build envs [lo, hi), then serve reset/step/render/close commands.
 
     A failing env answers ("error", (env index, traceback)); a bad command ("error", (None, traceback)).
@@ -56,7 +56,7 @@ def _worker(lo: int, hi: int, env_fn: Callable, spec: EnvSpec, num_envs: int, me
     buffers, runners, current = StepArrays(spec, num_envs, memory), [], lo
     try:
         for current in range(lo, hi):
-            runners.append(EnvRunner(env_fn(), spec, buffers, current))
+            runners.append(runner(env_fn(), spec, buffers, current))
     except Exception:
         conn.send(("error", (current, traceback.format_exc())))
         return
@@ -120,6 +120,7 @@ class SubprocVecEnv(PettingZooVecEnv):
             (None: wait as long as the worker is alive).
         num_workers: worker processes (default: one per CPU, at most E); worker w holds a contiguous
             block of about E / W envs.
+        runner: what steps each env (`EnvRunner`; `envs.magent_native.MagentRunner` for MAgent2's engine).
     """
 
     def __init__(
@@ -131,6 +132,7 @@ class SubprocVecEnv(PettingZooVecEnv):
         start_method: str | None = None,
         timeout: float | None = 300.0,
         num_workers: int | None = None,
+        runner: type = EnvRunner,
     ):
         num_workers = default_num_workers(num_envs) if num_workers is None else num_workers
         if not 1 <= num_workers <= num_envs:
@@ -154,7 +156,7 @@ class SubprocVecEnv(PettingZooVecEnv):
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(
                 target=_worker,
-                args=(lo, hi, env_fn, spec, num_envs, self._memory, child_conn),
+                args=(lo, hi, env_fn, spec, num_envs, self._memory, child_conn, runner),
                 name=f"env-worker-{w}",
                 daemon=True,
             )

@@ -70,7 +70,8 @@ class MultiAgentArgs(RunArgs):
     """RunArgs plus the flags of our multi-agent envs (envs.make)."""
 
     backend: str = "auto"
-    """env backend: 'numba' (compiled MPE), 'pettingzoo', or 'auto' (numba for MPE ids)"""
+    """env backend: 'numba' (compiled MPE), 'native' (MAgent2's engine), 'pettingzoo', or 'auto' (numba for MPE ids,
+    native for MAgent2 ids)"""
     vector: str = "sync"
     """PettingZoo vectorization: 'sync' or 'subproc' (worker processes)"""
     continuous_actions: bool = False

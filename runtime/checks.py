@@ -62,7 +62,7 @@ def check_args(args, *rules) -> None:
             raise ArgumentError(
                 f"--env-kwargs must be a JSON object such as '{{\"N\": 5}}', not {values['env_kwargs']}"
             )
-    for name, choices in (("backend", ("auto", "numba", "pettingzoo")), ("vector", ("sync", "subproc"))):
+    for name, choices in (("backend", ("auto", "numba", "native", "pettingzoo")), ("vector", ("sync", "subproc"))):
         if name in values and values[name] not in choices:
             raise ArgumentError(f"{flag(name)} {values[name]!r} is not one of {list(choices)}")
     if values.get("batch_size") and values.get("buffer_size") and values["batch_size"] > values["buffer_size"]:
