@@ -97,16 +97,21 @@ class MagentRunner(EnvRunner):
             terminated = dead.copy()
             terminated[j] = died
             obs, mask = self._obs[g], self._mask[g]
-            lived = j[~died]
-            obs[j[died]] = 0
-            mask[j[died]] = False
+            lived, gone = j[~died], j[died]
             if len(j):  # one observation query per team, for the observations and the state
                 view, features = world.get_observation(h)
-                seen[h.value] = (view[alive], features[alive])  # the agents clear_dead() keeps, in its order
+                x, y = view.shape[1] // 2, view.shape[2] // 2  # the state keeps each agent's own hit points: its
+                seen[h.value] = (view[alive, x, y, 2], features[alive] if self.extra else None)  # view's centre
                 if lived.size:
-                    obs[lived] = self._compose(view, features)[~died]
-            active[j[died]] = False
-            dead[j[died]] = True
+                    composed = self._compose(view, features)
+                    if len(j) == len(obs):  # the whole team stepped (most steps): rows in order, one copy
+                        obs[...] = composed
+                    else:
+                        obs[j] = composed
+            obs[gone] = 0
+            mask[gone] = False
+            active[gone] = False
+            dead[gone] = True
             if truncate and lived.size:
                 active[lived] = False
                 any_truncated = True
@@ -150,10 +155,14 @@ class MagentRunner(EnvRunner):
         state[...] = pz.base_state
         n_teams = len(pz.team_sizes)
         for h, pos in teams:
-            view, features = seen[h.value] if h.value in seen else world.get_observation(h)
+            if h.value in seen:
+                hp, features = seen[h.value]
+            else:
+                view, features = world.get_observation(h)
+                hp = view[:, view.shape[1] // 2, view.shape[2] // 2, 2]
             x, y = pos[:, 0], pos[:, 1]
             state[x, y, 1 + h.value * 2] = 1
-            state[x, y, 2 + h.value * 2] = view[:, view.shape[1] // 2, view.shape[2] // 2, 2]
+            state[x, y, 2 + h.value * 2] = hp
             if self.extra:
                 m = pz._minimap_features
                 pad = np.zeros((len(features), state.shape[2] - (1 + n_teams * 2 + features.shape[1] - m)))
