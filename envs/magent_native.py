@@ -122,20 +122,7 @@ class MagentRunner(EnvRunner):
         finished = n_active == 0
         self._length += 1
         self._write_state(finished, seen)
-        i = self.index
-        self._truncated[i] = any_truncated
-        self._done[i] = finished
-        if not finished:
-            return None
-        stats = self._episode_stats()
-        for g in range(len(self._obs)):
-            self._final_obs[g][...] = self._obs[g]
-            self._final_mask[g][...] = self._mask[g]
-        self._final_state[...] = self._state
-        if self.keep_final_frame:
-            self.final_frame = self.env.render()
-        self.reset(seed=None)
-        return stats
+        return self._end_step(finished, any_truncated)
 
     def _write_state(self, finished, seen=None):
         """The PettingZoo env's `state()` (after clear_dead), from the step's own observation queries (a team that

@@ -440,9 +440,12 @@ class EnvRunner:
             any_truncated = True
         self._length += 1
         self._write_state(finished)
+        return self._end_step(finished, any_truncated)
 
+    def _end_step(self, finished: bool, truncated: bool) -> EpisodeStats | None:
+        """Flag row i; a finished episode's last observation goes to `final`, then the env resets."""
         i = self.index
-        self._truncated[i] = any_truncated
+        self._truncated[i] = truncated
         self._done[i] = finished
         if not finished:
             return None

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_train import _cpu
 
 from envs.api import GroupSpec
 
@@ -116,13 +117,6 @@ def main():
     ]
     (args.out / "coma_baseline.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _cpu():
-    try:
-        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 if __name__ == "__main__":

@@ -7,18 +7,16 @@ torch import for each of the ~20 extra runs on a 2-core machine.
 
 import json
 import re
-import runpy
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
+import script_runs
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -43,23 +41,10 @@ def run(algo, *flags, check=True, timeout=240):
 
 def run_inline(capsys, algo, *flags, check=True):
     """Execute the script as __main__ in this process; returns (exit code, stdout, stderr)."""
-    script = ROOT / "algos" / f"{algo}.py"
-    with mock.patch.object(sys, "argv", [str(script), *TINY[algo], *map(str, flags)]):
-        try:
-            runpy.run_path(str(script), run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    out = capsys.readouterr()
-    if check and code != 0:
-        raise AssertionError(f"{algo} {flags} failed ({code}):\n{out.err[-3000:]}")
-    return code, out.out, out.err
+    return script_runs.run_inline(capsys, algo, *TINY[algo], *flags, check=check)
 
 
-def scalars(run_dir, tag):
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+scalars = script_runs.scalars
 
 
 def first_final_returns(run_dir, n=2):
