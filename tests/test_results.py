@@ -578,10 +578,11 @@ def test_protocol_v2_final_evaluations_are_collected_and_are_the_readme_headline
 
 
 def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
-    algos = "maddpg maddpg-tf64 maddpg-tf128 maddpg-bs1024 maddpg-discrete matd3 iddpg iddpg-tf64 mappo ippo qmix"
+    algos = "maddpg maddpg-tf64 maddpg-tf128 maddpg-bs1024 maddpg-discrete matd3 iddpg iddpg-tf64 mappo ippo qmix mfq"
     results = [{"algo": a} for a in [*algos.split(), "mappo-continuous"]]
     panels = make_readme.curve_styles(results)
-    assert list(panels) == ["on-policy (PPO)", "DDPG family", "qmix"]  # every figure in the same order
+    # every figure in the same order; an algorithm of no known family gets a panel of its own, last
+    assert list(panels) == ["on-policy (PPO)", "DDPG family", "value-based", "mfq"]
     for rows in panels.values():
         styles = [(color, style) for _, color, style in rows]
         assert len(set(styles)) == len(styles)
