@@ -230,7 +230,8 @@ def main(args):
                 epsilon = linear_schedule(args.start_e, args.end_e,
                                           args.exploration_fraction * args.total_timesteps, global_step)  # fmt: skip
                 # a finished episode's final joint action, drawn from the policy: Q'(s_T, u_T) bootstraps a truncation
-                final_actions = act(comas, step.final, dict(hidden), epsilon, device, rng, args.random_groups)
+                final_actions = act(comas, step.final, dict(hidden), epsilon, device, rng, args.random_groups) if (
+                    step.done.any()) else actions  # unused where no episode ended: no second actor pass  # fmt: skip
                 # STORE
                 for g in learners:
                     avail = {"avail_actions": obs.avail_actions[g]} if g in obs.avail_actions else {}
