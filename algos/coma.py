@@ -15,6 +15,7 @@ from runtime import (
     check_args,
     check_discrete,
     check_groups,
+    checkpoint_args,
     cli,
     evaluate_checkpoint,
     make_env,
@@ -158,20 +159,47 @@ def masked_mean(mask, x):
 
 
 @torch.no_grad()
-def act(groups, obs, hidden, epsilon, device, rng, random_groups=(), greedy=False):
+def act(groups, obs, hidden, epsilon, device, greedy=False):
     """Actions of every group (numpy); `hidden` (group -> the actors' GRU states, or None) is advanced."""
     actions = {}
     for g, coma in groups.items():
-        spec, avail = coma.spec, obs.avail_actions.get(g)
-        if g in random_groups:  # a frozen group: uniform over the (available) actions
-            scores = rng.random((*obs.agent_mask[g].shape, spec.action_dim))
-            actions[g] = np.argmax(scores * (1 if avail is None else avail), -1)
-            continue
+        avail = obs.avail_actions.get(g)
         logits, hidden[g] = coma.actor(t(obs.obs[g], device), hidden[g])
         pi = policy_probs(logits, None if avail is None else torch.as_tensor(avail, device=device), epsilon)
         actions[g] = pi.argmax(-1) if greedy else torch.multinomial(pi.flatten(0, 1), 1).view(pi.shape[:2])
         actions[g] = actions[g].cpu().numpy()
     return actions
+
+
+def initial_hidden(comas, args, num_envs, device):  # group -> zero GRU states of the actors (None without --rnn)
+    return {g: torch.zeros(num_envs, c.spec.n_agents, args.hidden_size, device=device) if args.rnn else None
+            for g, c in comas.items()}  # fmt: skip
+
+
+def acting(comas, args, device, greedy=True):
+    """`(num_envs, rng) -> act(obs, done) -> actions`: the most probable (or a sampled) action, GRU states reset where
+    episodes end (the evaluations, and a checkpoint playing a group: `actor`)."""
+
+    def make(num_envs, rng):
+        hidden = initial_hidden(comas, args, num_envs, device)
+
+        def act_fn(obs, done):
+            if done is not None and args.rnn:
+                for h in hidden.values():
+                    h[torch.as_tensor(done)] = 0.0
+            return act(comas, obs, hidden, 0.0, device, greedy)
+
+        return act_fn
+
+    return make
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    coma = Coma(spec, int(np.prod(ckpt["signature"]["state_shape"])), args).to(device)
+    coma.load_state_dict(ckpt["nets"][group])
+    return acting({group: coma}, args, device, greedy)
 
 
 NETWORK_FLAGS = ("hidden_size", "critic_hidden_size", "rnn", "critic_last_actions")  # what the weights depend on
@@ -191,21 +219,7 @@ def main(args):
     optimizers = {f"{g}_{part}": torch.optim.Adam(getattr(comas[g], part).parameters(), lr=lr) for g in learners
                   for part, lr in (("actor", args.actor_lr), ("critic", args.critic_lr))}  # fmt: skip
 
-    def initial_hidden(num_envs):  # group -> zero GRU states of the actors (None without --rnn)
-        return {g: torch.zeros(num_envs, spec.n_agents, args.hidden_size, device=device) if args.rnn else None
-                for g, spec in env.groups.items()}  # fmt: skip
-
-    def make_greedy(num_envs, rng):  # evaluation: the most probable action, GRU states reset where episodes end
-        hidden = initial_hidden(num_envs)
-
-        def greedy(obs, done):
-            if done is not None and args.rnn:
-                for h in hidden.values():
-                    h[torch.as_tensor(done)] = 0.0
-            return act(comas, obs, hidden, 0.0, device, rng, args.random_groups, greedy=True)
-
-        return greedy
-
+    make_greedy = acting(comas, args, device)  # evaluation: the most probable action
     eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, comas, eval_env, make_greedy, NETWORK_FLAGS)
@@ -214,13 +228,13 @@ def main(args):
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
                for g in learners}  # fmt: skip
-    obs, hidden = env.reset(), initial_hidden(args.num_envs)
+    obs, hidden = env.reset(), initial_hidden(comas, args, args.num_envs, device)
     starts = np.ones(args.num_envs, bool)
     last_actions = {g: np.full((args.num_envs, spec.n_agents), spec.action_dim) for g, spec in env.groups.items()}
     unset = {g: np.zeros((args.num_envs, spec.n_agents), np.float32) for g, spec in env.groups.items()}  # values
     epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
     stored_hidden = {g: None if h is None else h.cpu().numpy() for g, h in hidden.items()}
-    actions = act(comas, obs, hidden, epsilon, device, rng, args.random_groups)  # the first step's actions
+    actions = act(comas, obs, hidden, epsilon, device)  # the first step's actions
     with run:
         for iteration in range(start, args.num_iterations + 1):
             for _ in range(args.num_steps):
@@ -230,7 +244,7 @@ def main(args):
                 epsilon = linear_schedule(args.start_e, args.end_e,
                                           args.exploration_fraction * args.total_timesteps, global_step)  # fmt: skip
                 # a finished episode's final joint action, drawn from the policy: Q'(s_T, u_T) bootstraps a truncation
-                final_actions = act(comas, step.final, dict(hidden), epsilon, device, rng, args.random_groups) if (
+                final_actions = act(comas, step.final, dict(hidden), epsilon, device) if (
                     step.done.any()) else actions  # unused where no episode ended: no second actor pass  # fmt: skip
                 # STORE
                 for g in learners:
@@ -251,7 +265,7 @@ def main(args):
                 obs = step.next
                 # ACT for the next step
                 stored_hidden = {g: None if h is None else h.cpu().numpy() for g, h in hidden.items()}
-                actions = act(comas, obs, hidden, epsilon, device, rng, args.random_groups)
+                actions = act(comas, obs, hidden, epsilon, device)
 
             # TARGETS and UPDATE, group by group
             for g in learners:

@@ -15,10 +15,12 @@ from runtime import (
     check_action_flags,
     check_args,
     check_groups,
+    checkpoint_args,
     cli,
     evaluate_checkpoint,
     make_env,
     setup,
+    sub_state,
 )
 
 ALGO = "iddpg"
@@ -158,7 +160,7 @@ def act(actors, obs, device, args, explore=True, uniform=False):
     actions = {}
     for g, actor in actors.items():
         o, avail = t(obs.obs[g]), t(obs.avail_actions[g]) if g in obs.avail_actions else None
-        if uniform or g in args.random_groups:
+        if uniform:
             a = actor.uniform(o, avail)
         elif explore:  # Gaussian noise (continuous), a sample of softmax(logits) (discrete)
             raw = actor(o)
@@ -167,6 +169,20 @@ def act(actors, obs, device, args, explore=True, uniform=False):
             a = actor.action(actor(o), avail)
         actions[g] = a.argmax(-1).cpu().numpy() if actor.spec.discrete else a.cpu().numpy()
     return actions
+
+
+def acting(actors, args, device, greedy=True):
+    """`(num_envs, rng) -> act(obs, done) -> actions`: mu(o), or with exploration noise if not greedy (the
+    evaluations, and a checkpoint playing a group: `actor`)."""
+    return lambda num_envs, rng: lambda obs, done: act(actors, obs, device, args, explore=not greedy)
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    net = Actor(spec, args).to(device)
+    net.load_state_dict(sub_state(ckpt["nets"]["actors"], f"{group}."))
+    return acting(nn.ModuleDict({group: net}), args, device, greedy)
 
 
 NETWORK_FLAGS = ("hidden_size", "share_params", "random_groups")  # what the weights depend on
@@ -183,7 +199,7 @@ def main(args):
     critics = nn.ModuleDict({g: Critic(env.groups[g], critic_dims[g], args) for g in learners}).to(device)
     actor_targets, critic_targets = copy.deepcopy(actors), copy.deepcopy(critics)
     nets = dict(actors=actors, critics=critics, actor_targets=actor_targets, critic_targets=critic_targets)
-    make_greedy = lambda n, rng: lambda obs, done: act(actors, obs, device, args, explore=False)  # noqa: E731
+    make_greedy = acting(actors, args, device)  # evaluation: mu(o), no noise
     eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)

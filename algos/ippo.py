@@ -8,7 +8,17 @@ import torch.nn as nn
 from torch.distributions import Categorical, Normal
 
 from buffers import RolloutBuffer, to_torch
-from runtime import MultiAgentArgs, Run, check_args, check_groups, cli, evaluate_checkpoint, make_env, setup
+from runtime import (
+    MultiAgentArgs,
+    Run,
+    check_args,
+    check_groups,
+    checkpoint_args,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    setup,
+)
 
 ALGO = "ippo"
 
@@ -58,8 +68,6 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """width of the hidden layers (and of the GRU with --rnn)"""
     share_params: bool = True
     """one network per group with an agent-id one-hot (--no-share-params: one network per agent)"""
-    random_groups: tuple[str, ...] = ()
-    """groups frozen to a uniformly random policy, e.g. adversary"""
 
     # --- derived at runtime ---
     batch_size: int = field(default=0, init=False)
@@ -202,22 +210,15 @@ def reset_finished(hidden, done, device):  # zero the hidden states of the envs 
     return {g: None if h is None else h * keep for g, h in hidden.items()}
 
 
-def act(policies, obs, device, rng, hidden, random_groups=(), greedy=False):
-    """Actions of every group (numpy, what env.step takes) and, for the learning groups, what the buffer stores:
-    the sampled actions (Gaussian samples before clipping to the Box) and their log-probabilities.
+def act(policies, obs, device, hidden, greedy=False):
+    """Actions of every group (numpy, what env.step takes) and what the buffer stores: the sampled actions
+    (Gaussian samples before clipping to the Box) and their log-probabilities.
 
     `hidden` (group -> the actors' hidden states, or None) is advanced in place.
     """
     actions, taken = {}, {}
     for g, pol in policies.items():
         spec, avail = pol.spec, obs.avail_actions.get(g)
-        if g in random_groups:  # a frozen group: uniform over the (available) actions
-            shape = (*obs.agent_mask[g].shape, spec.action_dim)
-            if spec.discrete:
-                actions[g] = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)
-            else:
-                actions[g] = rng.uniform(spec.action_low, spec.action_high, shape).astype(np.float32)
-            continue
         out, hidden[g] = pol.actor_out(t(obs.obs[g], device), hidden[g])
         d = pol.dist(out, None if avail is None else t(avail, device))
         a = (d.probs.argmax(-1) if spec.discrete else d.mean) if greedy else d.sample()
@@ -225,6 +226,31 @@ def act(policies, obs, device, rng, hidden, random_groups=(), greedy=False):
         a = taken[g]["actions"]  # the log-probability belongs to the sample: only the env sees it clipped
         actions[g] = a if spec.discrete else np.clip(a, spec.action_low, spec.action_high).astype(np.float32)
     return actions, taken
+
+
+def acting(policies, args, device, greedy=True):
+    """`(num_envs, rng) -> act(obs, done) -> actions`: the policies from zero hidden states, reset where episodes end
+    (the evaluations, and a checkpoint playing a group: `actor`)."""
+
+    def make(num_envs, rng):
+        hidden = initial_hidden(policies, args, num_envs, device)
+
+        def act_fn(obs, done):
+            nonlocal hidden
+            hidden = hidden if done is None else reset_finished(hidden, done, device)
+            return act(policies, obs, device, hidden, greedy)[0]
+
+        return act_fn
+
+    return make
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    pol = Policy(spec, args).to(device)
+    pol.load_state_dict(ckpt["nets"][group])
+    return acting({group: pol}, args, device, greedy)
 
 
 NETWORK_FLAGS = ("hidden_size", "share_params", "feature_norm", "rnn")  # what a checkpoint's weights depend on
@@ -245,16 +271,7 @@ def main(args):
     policies = {g: Policy(spec, args).to(device) for g, spec in env.groups.items()}
     optimizers = {g: torch.optim.Adam(policies[g].parameters(), lr=args.learning_rate, eps=1e-5) for g in learners}
 
-    def make_greedy(num_envs, rng):  # evaluation: greedy actions, hidden states reset where an episode ended
-        hidden = initial_hidden(policies, args, num_envs, device)
-
-        def greedy(obs, done):
-            nonlocal hidden
-            hidden = hidden if done is None else reset_finished(hidden, done, device)
-            return act(policies, obs, device, rng, hidden, args.random_groups, greedy=True)[0]
-
-        return greedy
-
+    make_greedy = acting(policies, args, device)  # evaluation: greedy actions
     eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, policies, eval_env, make_greedy, NETWORK_FLAGS)
@@ -277,7 +294,7 @@ def main(args):
                 with torch.no_grad():
                     stored = {g: {"h_actor": h_actor[g].cpu().numpy(), "h_critic": h_critic[g].cpu().numpy(),
                                   "starts": starts} if args.rnn else {} for g in learners}  # fmt: skip
-                    actions, taken = act(policies, obs, device, rng, h_actor, args.random_groups)
+                    actions, taken = act(policies, obs, device, h_actor)
                     values = {}
                     for g in learners:
                         values[g], h_critic[g] = policies[g].value(t(obs.obs[g], device), h_critic[g])

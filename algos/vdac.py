@@ -16,10 +16,12 @@ from runtime import (
     check_args,
     check_discrete,
     check_groups,
+    checkpoint_args,
     cli,
     evaluate_checkpoint,
     make_env,
     setup,
+    sub_state,
 )
 
 ALGO = "vdac"
@@ -138,22 +140,33 @@ def dist(logits, avail=None):  # action masks: unavailable actions get zero prob
 
 
 @torch.no_grad()
-def act(vdac, groups, obs, device, rng, random_groups=(), greedy=False):
-    """Actions of every group (numpy), their log-probabilities (learning groups), and V_tot of the team (E,)."""
+def act(vdac, obs, device, greedy=False):
+    """Actions of every group (numpy), their log-probabilities, and V_tot of the team (E,)."""
     actions, logprobs, local = {}, {}, []
-    for g, spec in groups.items():
-        avail = obs.avail_actions.get(g)
-        if g in random_groups:  # a frozen group: uniform over the (available) actions
-            actions[g] = np.argmax(rng.random((*obs.agent_mask[g].shape, spec.action_dim)) * (1 if avail is None else
-                                   avail), -1)  # fmt: skip
-            continue
-        logits, v = vdac.agents[g](t(obs.obs[g], device))
-        d = dist(logits, None if avail is None else t(avail, device))
-        a = d.probs.argmax(-1) if greedy else d.sample()
-        actions[g], logprobs[g] = a.cpu().numpy(), d.log_prob(a).cpu().numpy()
+    for g, agents in vdac.agents.items():
+        a, logprobs[g], v = group_act(agents, obs, g, device, greedy)
+        actions[g] = a.cpu().numpy()
         local.append(v)
+    logprobs = {g: lp.cpu().numpy() for g, lp in logprobs.items()}
     alive = t(np.concatenate([obs.agent_mask[g] for g in vdac.agents], 1), device)
     return actions, logprobs, vdac.v_tot(torch.cat(local, -1), t(obs.state, device), alive).cpu().numpy()
+
+
+def group_act(agents, obs, g, device, greedy=False):
+    """Group g's actions, their log-probabilities and the agents' local values (torch)."""
+    avail = obs.avail_actions.get(g)
+    logits, v = agents(t(obs.obs[g], device))
+    d = dist(logits, None if avail is None else t(avail, device))
+    a = d.probs.argmax(-1) if greedy else d.sample()
+    return a, d.log_prob(a), v
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
+    agents = Agents(spec, checkpoint_args(Args, ckpt["args"])).to(device)
+    agents.load_state_dict(sub_state(ckpt["nets"]["vdac"], f"agents.{group}."))
+    act_fn = torch.no_grad()(lambda obs, done: {group: group_act(agents, obs, group, device, greedy)[0].cpu().numpy()})
+    return lambda num_envs, rng: act_fn
 
 
 NETWORK_FLAGS = ("hidden_size", "mixer", "mixing_embed_dim", "hypernet_embed")  # what the weights depend on
@@ -176,7 +189,7 @@ def main(args):
     optimizer = torch.optim.Adam(vdac.parameters(), lr=args.learning_rate, eps=1e-5)
 
     def make_greedy(num_envs, rng):  # evaluation: the most probable action of every agent
-        return lambda obs, done: act(vdac, env.groups, obs, device, rng, args.random_groups, greedy=True)[0]
+        return lambda obs, done: act(vdac, obs, device, greedy=True)[0]
 
     eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
     if args.eval_checkpoint:
@@ -194,19 +207,19 @@ def main(args):
 
             for _ in range(args.num_steps):
                 # ACT
-                actions, logprobs, values = act(vdac, env.groups, obs, device, rng, args.random_groups)
+                actions, logprobs, values = act(vdac, obs, device)
                 # STEP
                 step = env.step(actions)
                 global_step += args.num_envs
                 # STORE: a truncated episode bootstraps from V_tot(final observation), not the next episode's first
-                final_values = act(vdac, env.groups, step.final, device, rng, args.random_groups)[2] if (
+                final_values = act(vdac, step.final, device)[2] if (
                     step.truncated.any()) else np.zeros_like(values)  # fmt: skip
                 rb.add(**stored(specs, obs, actions, logprobs, step), values=values, final_values=final_values)
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next
 
             # TARGETS: GAE of the team's TD errors r + gamma V_tot(s') - V_tot(s), by the compiled kernel
-            rb.compute_gae(act(vdac, env.groups, obs, device, rng, args.random_groups)[2], args.gamma, args.gae_lambda)
+            rb.compute_gae(act(vdac, obs, device)[2], args.gamma, args.gae_lambda)
             # UPDATE
             for k, v in update(vdac, optimizer, rb, specs, args, device, rng).items():
                 writer.add_scalar(f"losses/{k}", v, global_step)
@@ -246,8 +259,8 @@ def stored(specs, obs, actions, logprobs, step):
     """One step of the team: its reward and termination, and each group's observations, actions and masks."""
     if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
         raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
-                            f"trains one team on one reward; freeze the opponents with --random-groups, or use "
-                            f"mappo.py or ippo.py, which train groups apart")  # fmt: skip
+                            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
+                            f"or use mappo.py or ippo.py, which train groups apart")  # fmt: skip
     out = {
         "state": obs.state,
         "rewards": np.concatenate([step.rewards[g] for g in specs], 1).mean(1),

@@ -17,10 +17,12 @@ from runtime import (
     check_args,
     check_discrete,
     check_groups,
+    checkpoint_args,
     cli,
     evaluate_checkpoint,
     make_env,
     setup,
+    sub_state,
 )
 
 ALGO = "wqmix"
@@ -189,16 +191,13 @@ def t(x, device):
 
 
 @torch.no_grad()
-def act(agents, groups, obs, hidden, epsilon, rng, device, random_groups=()):
+def act(agents, groups, obs, hidden, epsilon, rng, device):
     """Epsilon-greedy actions of every group over its available actions; `hidden` (group -> GRU state) advances."""
     actions = {}
     for g, spec in groups.items():
         avail = obs.avail_actions.get(g)  # (E, A, n) or None
         shape = (*obs.agent_mask[g].shape, spec.action_dim)
         uniform = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)  # a random available action
-        if g in random_groups:
-            actions[g] = uniform
-            continue
         q, hidden[g] = agents[g](t(obs.obs[g], device)[None], hidden[g])
         q = q[0] if avail is None else q[0].masked_fill(~torch.as_tensor(avail, device=device), -torch.inf)
         actions[g] = np.where(rng.random(shape[:2]) < epsilon, uniform, q.argmax(-1).cpu().numpy())
@@ -206,6 +205,34 @@ def act(agents, groups, obs, hidden, epsilon, rng, device, random_groups=()):
 
 
 # what the weights depend on
+def acting(agents, specs, args, device, epsilon):
+    """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
+    evaluations, and a checkpoint playing a group: `actor`)."""
+
+    def make(num_envs, rng):
+        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
+                  for g, spec in specs.items()}  # fmt: skip
+
+        def act_fn(obs, done):
+            if done is not None:
+                for h in hidden.values():
+                    h[:, done] = 0.0
+            return act(agents, specs, obs, hidden, epsilon, rng, device)
+
+        return act_fn
+
+    return make
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
+    results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    agents = GroupQ(spec, args).to(device)
+    agents.load_state_dict(sub_state(ckpt["nets"]["wqmix"], f"agents.{group}."))
+    return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
+
+
 NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "hypernet_embed", "central_mixing_embed_dim")
 
 
@@ -223,18 +250,7 @@ def main(args):
     target = copy.deepcopy(wqmix)
     optimizer = torch.optim.Adam(wqmix.parameters(), lr=args.learning_rate)
 
-    def make_greedy(num_envs, rng):  # greedy (epsilon 0), each episode from a zero GRU state
-        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
-                  for g, spec in specs.items()}  # fmt: skip
-
-        def greedy(obs, done):
-            if done is not None:
-                for h in hidden.values():
-                    h[:, done] = 0.0
-            return act(wqmix.agents, env.groups, obs, hidden, 0.0, rng, device, args.random_groups)
-
-        return greedy
-
+    make_greedy = acting(wqmix.agents, specs, args, device, epsilon=0.0)  # evaluation: greedy
     eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"wqmix": wqmix}, eval_env, make_greedy, NETWORK_FLAGS)
@@ -258,7 +274,7 @@ def main(args):
             # ACT: epsilon-greedy on each agent's own utility, from its GRU state
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
                                       global_step)  # fmt: skip
-            actions = act(wqmix.agents, env.groups, obs, hidden, epsilon, rng, device, args.random_groups)
+            actions = act(wqmix.agents, specs, obs, hidden, epsilon, rng, device)
             # STEP
             step = env.step(actions)
             global_step += args.num_envs
@@ -323,8 +339,8 @@ def stored(specs, obs, actions, step):
     """One step of the team: its reward (mean over its agents) and termination (all of them), and each group's view."""
     if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
         raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
-                            f"trains one team on one reward; freeze the opponents with --random-groups, or use iql.py, "
-                            f"mappo.py or maddpg.py, which train groups apart")  # fmt: skip
+                            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
+                            f"or use iql.py, mappo.py or maddpg.py, which train groups apart")  # fmt: skip
     rewards = np.concatenate([step.rewards[g] for g in specs], 1)  # (E, N)
     terminated = np.concatenate([step.terminated[g] for g in specs], 1)
     out = {"state": obs.state, "reward": rewards.mean(1), "terminated": terminated.all(1)}

@@ -46,6 +46,7 @@ def record_episode(
     backend: str = "pettingzoo",
     fps: int | None = None,
     max_steps: int = 100_000,
+    wrap: Callable | None = None,
     **env_kwargs,
 ) -> tuple[str, EpisodeStats | None]:
     """Play one episode of `env_id` with `act_fn` and write its `rgb_array` frames to an mp4.
@@ -59,6 +60,7 @@ def record_episode(
         backend: "pettingzoo" or "numba", as in `envs.make`.
         fps: frames per second; default the env's `render_fps` metadata, else 10.
         max_steps: stop after this many steps even if the episode has not finished.
+        wrap: applied to the env before playing (e.g. a wrapper that acts for some groups).
         **env_kwargs: passed to the env, as in `envs.make` (`render_mode="rgb_array"` is added for
             PettingZoo envs).
 
@@ -74,7 +76,9 @@ def record_episode(
     runners = getattr(env, "runners", None)
     if runners:
         runners[0].keep_final_frame = True
+    fps = fps or getattr(env, "render_fps", None) or 10
     try:
+        env = wrap(env) if wrap is not None else env
         obs = env.reset(seed=seed)
         frames = [env.render(0)]
         stats = None
@@ -88,7 +92,6 @@ def record_episode(
                 break
             frames.append(env.render(0))
             obs = result.next
-        fps = fps or getattr(env, "render_fps", None) or 10
     finally:
         env.close()
     return write_video(frames, path, fps=fps), stats

@@ -22,12 +22,13 @@
         cli(Args, main)
 
 Modules: `args` (the shared flags and env construction), `checks` (argument checks), `checkpoint`
-(atomic save, validated load), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals).
+(atomic save, validated load), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals), `opponents`
+(groups frozen to random, to any script's checkpoint, or to self-play: every script's `actor(ckpt, group, ...)`).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
-from runtime.args import MultiAgentArgs, RunArgs, cli, env_kwargs, env_signature, make_env, setup
-from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint
+from runtime.args import MultiAgentArgs, RunArgs, checkpoint_args, cli, env_kwargs, env_signature, make_env, setup
+from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint, sub_state
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.run import Run, RunStopped
@@ -43,6 +44,7 @@ __all__ = [
     "RunStopped",
     "check_action_flags",
     "check_args",
+    "checkpoint_args",
     "check_discrete",
     "check_groups",
     "cli",
@@ -56,4 +58,5 @@ __all__ = [
     "restore",
     "save_checkpoint",
     "setup",
+    "sub_state",
 ]

@@ -84,6 +84,19 @@ class MultiAgentArgs(RunArgs):
     """further env keyword arguments as a JSON object, e.g. '{"N": 5}'"""
     random_groups: tuple[str, ...] = ()
     """groups frozen to a uniformly random policy, e.g. adversary"""
+    opponent: tuple[str, ...] = ()
+    """groups frozen to a checkpoint of any script: GROUP=PATH (the checkpoint's group of that name plays it) or
+    GROUP=PATH@CKPT_GROUP, e.g. blue=runs/x/last.pt@red; several: --opponent red=a.pt blue=b.pt"""
+    opponent_sample: bool = False
+    """--opponent and --self-play policies sample their actions (default: greedy)"""
+    self_play: str | None = None
+    """a group frozen to a pool of the run's own past policies (of the one learning group of the same shape), e.g.
+    blue on battle_v4; it plays the uniform policy until the first snapshot, and in evaluations"""
+    self_play_interval: int = 200_000
+    """--self-play: env steps between two snapshots; at each, the pool gains the learner's policy and the group
+    draws its next opponent from the pool (uniformly)"""
+    self_play_pool: int = 10
+    """--self-play: the pool holds the last this many snapshots (all are kept in <run dir>/pool/)"""
 
 
 def flag_value(argv, name):
@@ -113,9 +126,14 @@ def checkpoint_defaults(args_class, argv):
     saved = read_checkpoint(path).get("args")
     if not isinstance(saved, dict):  # not one of ours, or damaged: the script's load names what is wrong
         return None
-    fields = {f.name for f in dataclasses.fields(args_class) if f.init}
-    if run_dir is None:  # an evaluation takes what the networks and the env need, not how the run was run
-        fields -= {"capture_video", "track", "eval_episodes", "final_eval_episodes", "cuda", "torch_threads"}
+    how_run = ("capture_video", "track", "eval_episodes", "final_eval_episodes", "cuda", "torch_threads")
+    return checkpoint_args(args_class, saved, () if run_dir else how_run)  # an evaluation: networks and env only
+
+
+def checkpoint_args(args_class, saved: dict, skip=()):
+    """`args_class` with the flags `saved` in a checkpoint (but `skip`); run dir, resume and eval checkpoint unset.
+    A script's actor() rebuilds its networks from these."""
+    fields = {f.name for f in dataclasses.fields(args_class) if f.init} - set(skip)
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
     kwargs.update(run_dir=None, resume=None, eval_checkpoint=None)  # the command line says where, and what to do
     return args_class(**kwargs)
@@ -165,14 +183,30 @@ def env_kwargs(args) -> dict:
 
 
 def make_env(args, num_envs, seed, backend=None, vector=None):
-    """envs.make with the script's env flags (`backend`/`vector` default to --backend/--vector)."""
+    """envs.make with the script's env flags (`backend`/`vector` default to --backend/--vector), its frozen groups
+    played by their actors (runtime.opponents): the script sees the learning groups."""
     try:
-        return envs.make(args.env_id, num_envs, seed, vector=vector or args.vector, backend=backend or args.backend,
-                         **env_kwargs(args))  # fmt: skip
+        env = envs.make(args.env_id, num_envs, seed, vector=vector or args.vector, backend=backend or args.backend,
+                        **env_kwargs(args))  # fmt: skip
     except envs.EnvArgumentError as e:  # the usual case: an env without a continuous_actions argument
         if not (args.continuous_actions and "continuous_actions" in str(e)):
             raise
         raise ValueError(f"{args.env_id} has no continuous actions ({e}); use --no-continuous-actions") from None
+    try:
+        return freeze(args, env, seed)
+    except BaseException:
+        env.close()
+        raise
+
+
+def freeze(args, env, seed):
+    """`env` with the groups of --random-groups, --opponent and --self-play acted for (a FrozenEnv), else `env`."""
+    from runtime.opponents import Frozen, FrozenEnv, frozen_groups
+
+    if not (args.random_groups or args.opponent or args.self_play):
+        return env
+    makers = frozen_groups(args, env.groups, torch.device("cuda" if args.cuda else "cpu"))
+    return FrozenEnv(env, Frozen(makers, env.num_envs, seed))
 
 
 def make_gym_env(args, num_envs, seed, **kwargs):

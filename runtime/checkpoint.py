@@ -170,5 +170,10 @@ def restore(ckpt: dict, path: str, nets: dict, optimizers: dict | None = None, r
                               f"({type(e).__name__}: {detail})") from None  # fmt: skip
 
 
+def sub_state(state_dict: dict, prefix: str) -> dict:
+    """The entries of `state_dict` under `prefix` (e.g. "agents.red."), with the prefix removed: one submodule's."""
+    return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
 def rng_state(rng: np.random.Generator) -> dict:
     return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}

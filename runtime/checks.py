@@ -16,7 +16,8 @@ from runtime.checkpoint import flag
 POSITIVE_INT = ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "eval_episodes",
                 "batch_size", "buffer_size", "train_frequency", "gradient_steps", "hidden_size", "rnn_chunk",
                 "log_interval", "target_network_frequency", "policy_frequency", "n_step", "mixing_embed_dim",
-                "hypernet_embed", "critic_updates", "critic_hidden_size")  # fmt: skip
+                "hypernet_embed", "critic_updates", "critic_hidden_size", "self_play_interval",
+                "self_play_pool")  # fmt: skip
 NON_NEGATIVE_INT = (
     "seed",
     "eval_interval",
@@ -90,13 +91,9 @@ def check_args(args, *rules) -> None:
 
 
 def check_groups(args, env) -> list[str]:
-    """--random-groups against the env's groups; returns the learning groups."""
-    if unknown := [g for g in args.random_groups if g not in env.groups]:
-        raise ArgumentError(f"--random-groups {unknown}: {args.env_id} has the groups {list(env.groups)}")
-    learners = [g for g in env.groups if g not in args.random_groups]
-    if not learners:
-        raise ArgumentError(f"--random-groups freezes every group of {args.env_id}: nothing would learn")
-    return learners
+    """The learning groups: every group `env` shows (make_env has checked --random-groups, --opponent and
+    --self-play, and acts for those groups)."""
+    return list(env.groups)
 
 
 def check_action_flags(args, env, continuous_only=(), discrete_only=()) -> None:

@@ -90,7 +90,10 @@ def record(args, make_greedy, path: str, seed: int):
         torch.manual_seed(seed)
         greedy = make_greedy(1, np.random.default_rng(seed))
         if hasattr(args, "env_kwargs"):  # a multi-agent env of envs.make
-            envs.record_episode(args.env_id, lambda o: greedy(o, None), path, seed=seed, **env_kwargs(args))
+            from runtime.args import freeze
+
+            wrap = lambda env: freeze(args, env, seed)  # noqa: E731  the frozen groups act in the video too
+            envs.record_episode(args.env_id, lambda o: greedy(o, None), path, seed=seed, wrap=wrap, **env_kwargs(args))
         else:
             frames, env = [], gym.make(args.env_id, render_mode="rgb_array")
             obs, _ = env.reset(seed=seed)

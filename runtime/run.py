@@ -7,6 +7,8 @@
 * Ctrl-C and SIGTERM do not raise inside the script: they set a flag, and the next `run.step(...)` (a point where
   the script's state is consistent, e.g. between two updates) writes last.pt and stops with exit code 130. Further
   signals during the save wait for it (they are blocked while the file is written).
+* --self-play: every --self-play-interval env steps the learner's policy is written to `pool/step_<N>.pt` and the
+  self-play group draws its next opponent from the last --self-play-pool of them (a resumed run reloads the pool).
 * A non-finite loss stops the run (the script raises FloatingPointError) without writing: last.pt keeps the last
   sound state, from which `--resume <dir> --learning-rate <lower>` goes on.
 """
@@ -21,12 +23,14 @@ import signal
 import time
 
 import numpy as np
+import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from runtime.args import env_signature, make_env
 from runtime.checkpoint import flag, load_checkpoint, restore, rng_state, save_checkpoint
 from runtime.evaluation import FINAL_SEED, add_video, evaluate, periodic_seed, record
+from runtime.opponents import load_actor, self_play_source
 
 REPLAY_NAME = "replay.npz"
 
@@ -70,7 +74,7 @@ class Run:
     def __init__(self, args, algo, env, nets, optimizers, rng, make_greedy, network_flags=(), same_flags=(),
                  make_eval_env=None, replay=None):  # fmt: skip
         self.args, self.algo, self.nets, self.optimizers, self.rng = args, algo, nets, optimizers, rng
-        self.make_greedy, self.replay, self.replay_restored = make_greedy, replay, False
+        self.make_greedy, self.replay, self.replay_restored, self.env = make_greedy, replay, False, env
         self.make_eval_env = make_eval_env or (lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync"))
         self.signature = env_signature(env)
         self.global_step, self.evals, self.best_eval, self.counters = 0, 0, -np.inf, {}
@@ -124,6 +128,8 @@ class Run:
         self.previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         if not args.resume:
             self.save("last.pt")  # a run is never without a checkpoint, and a NaN stop can go back to this one
+        if getattr(args, "self_play", None):
+            self.start_self_play()
 
     def config(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self.args)))
@@ -149,6 +155,9 @@ class Run:
         """
         self.global_step, self.counters = global_step, counters
         self.bar.update(global_step - self.bar.n)
+        if getattr(self.args, "self_play", None) and global_step >= self.next_snapshot:
+            self.next_snapshot = (global_step // self.args.self_play_interval + 1) * self.args.self_play_interval
+            self.snapshot()
         if self.next_eval is not None and global_step >= self.next_eval:
             self.next_eval += self.args.eval_interval
             self.evaluate()
@@ -181,17 +190,47 @@ class Run:
             self.writer.add_scalar(f"charts/episodic_return/{g}", r, global_step)
 
     # --- checkpoints and evaluation ---
-    def save(self, name: str) -> None:
-        ckpt = dict(algo=self.algo, env_id=self.args.env_id, signature=self.signature, args=self.config(),
+    def checkpoint(self) -> dict:
+        return dict(algo=self.algo, env_id=self.args.env_id, signature=self.signature, args=self.config(),
                     global_step=self.global_step, evals=self.evals, best_eval=float(self.best_eval),
                     counters=self.counters, nets={k: m.state_dict() for k, m in self.nets.items()},
                     optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
                     rng=rng_state(self.rng))  # fmt: skip
-        save_checkpoint(os.path.join(self.dir, name), ckpt)
+
+    def save(self, name: str) -> None:
+        save_checkpoint(os.path.join(self.dir, name), self.checkpoint())
         if name == "last.pt":
             self.saved_at, self.saved_step = time.time(), self.global_step
 
     saved_step = 0
+
+    # --- self-play ---
+    def start_self_play(self) -> None:
+        """The pool of past policies: reloaded from <run dir>/pool on --resume, else the first snapshot now."""
+        self.pool_source = self_play_source(self.args, self.env)
+        self.pool_dir = os.path.join(self.dir, "pool")
+        os.makedirs(self.pool_dir, exist_ok=True)
+        steps = sorted(int(f[5:-3]) for f in os.listdir(self.pool_dir) if f.startswith("step_") and f.endswith(".pt"))
+        self.pool = [os.path.join(self.pool_dir, f"step_{n}.pt") for n in steps if n <= self.global_step]
+        every = self.args.self_play_interval
+        self.next_snapshot = (self.global_step // every + 1) * every
+        self.draw_opponent() if self.pool else self.snapshot()
+
+    def snapshot(self) -> None:
+        path = os.path.join(self.pool_dir, f"step_{self.global_step}.pt")
+        save_checkpoint(path, self.checkpoint())
+        self.pool.append(path)
+        self.draw_opponent()
+
+    def draw_opponent(self) -> None:
+        """The self-play group's next opponent: a uniform draw from the last --self-play-pool snapshots."""
+        args = self.args
+        members = self.pool[-args.self_play_pool :]
+        path = members[np.random.default_rng([args.seed, len(self.pool)]).integers(len(members))]
+        spec, device = self.env.all_groups[args.self_play], torch.device("cuda" if args.cuda else "cpu")
+        make = load_actor(path, args.env_id, spec, self.pool_source, device, greedy=not args.opponent_sample)
+        self.env.frozen.set(args.self_play, make, self.pool_source)
+        self.writer.add_scalar("charts/self_play_opponent_step", int(os.path.basename(path)[5:-3]), self.global_step)
 
     def restore_replay(self) -> None:
         if self.replay is None:

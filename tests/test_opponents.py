@@ -1,0 +1,227 @@
+"""runtime/opponents.py: every script's checkpoint plays a group (actor()), --opponent, --self-play, and the errors."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from script_runs import run_inline, scalars
+
+import envs
+from envs.api import GroupSpec, Observation
+from runtime import FINAL_SEED, evaluate
+from runtime.opponents import Frozen, load_actor, parse_opponent, random_actor
+
+ADVERSARY = ["--env", "simple_adversary_v3"]
+# tiny runs: a few updates, then the final policy plays the first episodes of the fixed set
+TINY = {
+    "mappo": ["--num-envs", 4, "--total-timesteps", 200],
+    "ippo": ["--num-envs", 4, "--total-timesteps", 200],
+    "coma": ["--num-envs", 4, "--total-timesteps", 200],
+    "vdac": ["--num-envs", 4, "--total-timesteps", 200],
+    "maddpg": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
+    "matd3": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
+    "iddpg": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
+    "iql": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
+    "vdn": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
+    "qmix": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
+    "wqmix": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
+}
+EVAL = ["--eval-interval", 0, "--eval-episodes", 2, "--final-eval-episodes", 6]
+TEAM_ONLY = {"vdn", "qmix", "wqmix", "vdac"}  # one cooperative team: simple_spread
+
+
+def train(capsys, algo, run_dir, *flags):
+    run_inline(capsys, algo, *TINY[algo], *EVAL, *flags, "--run-dir", run_dir)
+    return json.loads((run_dir / "final_eval.json").read_text())
+
+
+def replay(env_id, makers, episodes, **kwargs):
+    """Returns (and per group) of the first episodes of the fixed set, every group played by `makers`."""
+    make_env = lambda n, seed: envs.make(env_id, n, seed, backend="pettingzoo", **kwargs)  # noqa: E731
+    return evaluate(make_env, lambda n, rng: Frozen(dict(makers), n, 0).actions, episodes, FINAL_SEED)
+
+
+@pytest.mark.parametrize("algo", list(TINY))
+def test_every_scripts_actor_replays_its_final_evaluation(algo, tmp_path, capsys):
+    """actor() of every script, group by group, plays the fixed episodes exactly as the run's own final policy."""
+    env_id = "simple_spread_v3" if algo in TEAM_ONLY else "simple_adversary_v3"
+    final = train(capsys, algo, tmp_path, "--env", env_id)
+    ckpt = torch.load(tmp_path / "last.pt", weights_only=True)
+    kwargs = {"continuous_actions": True} if ckpt["args"]["continuous_actions"] else {}  # the DDPG family's default
+    groups = envs.make(env_id, 1, 0, backend="pettingzoo", **kwargs).groups
+    makers = {g: (load_actor(str(tmp_path / "last.pt"), env_id, s, g, "cpu"), g) for g, s in groups.items()}
+    returns, per_group = replay(env_id, makers, 6, **kwargs)
+    np.testing.assert_allclose(returns, final["returns"], atol=1e-3)
+    assert set(per_group) == set(ckpt["signature"]) - {"state_shape"}
+
+
+def test_an_opponent_from_another_script_plays_as_its_checkpoint(tmp_path, capsys):
+    """MAPPO's adversary, frozen into an IQL run: the run's final evaluation is what the two actors play together."""
+    train(capsys, "mappo", tmp_path / "m", *ADVERSARY)
+    final = train(capsys, "iql", tmp_path / "i", *ADVERSARY, "--opponent", f"adversary={tmp_path / 'm' / 'last.pt'}")
+    ckpt = torch.load(tmp_path / "i" / "last.pt", weights_only=True)
+    assert set(ckpt["signature"]) == {"agent", "state_shape"}  # the frozen group is part of the env
+    assert not scalars(tmp_path / "i", "losses/td_loss/adversary")
+    groups = envs.make("simple_adversary_v3", 1, 0, backend="pettingzoo").groups
+    makers = {"agent": (load_actor(str(tmp_path / "i" / "last.pt"), "simple_adversary_v3", groups["agent"], "agent",
+                                   "cpu"), "agent"),
+              "adversary": (load_actor(str(tmp_path / "m" / "last.pt"), "simple_adversary_v3", groups["adversary"],
+                                       "adversary", "cpu"), "adversary")}  # fmt: skip
+    returns, per_group = replay("simple_adversary_v3", makers, 6)
+    np.testing.assert_allclose(returns, final["returns"], atol=1e-3)
+    assert per_group["adversary"].mean() == pytest.approx(final["per_group"]["adversary"], abs=1e-3)
+
+
+def test_self_play_pool_grows_at_the_interval_and_resume_reloads_it(tmp_path, capsys):
+    flags = ["--env", "battle_v4", "--map-size", 12, "--max-cycles", 20, "--num-envs", 4, "--num-steps", 5,
+             "--self-play", "blue", "--self-play-interval", 40, "--self-play-pool", 2, *EVAL[:4],
+             "--final-eval-episodes", 2]  # fmt: skip
+    run_inline(capsys, "mappo", *flags, "--total-timesteps", 100, "--run-dir", tmp_path)
+    pool = sorted(int(p.stem[5:]) for p in (tmp_path / "pool").glob("step_*.pt"))
+    assert pool == [0, 40, 80]  # the first snapshot at the start, then one per 40 env steps (20 per iteration)
+    drawn = scalars(tmp_path, "charts/self_play_opponent_step")
+    assert [s for s, _ in drawn] == pool  # a draw at every snapshot ...
+    assert all(v in pool[max(0, i - 1) : i + 1] for i, (_, v) in enumerate(drawn))  # ... from the last 2 snapshots
+    snap = torch.load(tmp_path / "pool" / "step_40.pt", weights_only=True)
+    assert set(snap["signature"]) == {"red", "state_shape"} and snap["global_step"] == 40
+    run_inline(capsys, "mappo", "--resume", tmp_path, "--total-timesteps", 160)
+    pool = sorted(int(p.stem[5:]) for p in (tmp_path / "pool").glob("step_*.pt"))
+    assert pool == [0, 40, 80, 120, 160]
+    # a past red plays blue in another run: the checkpoint's group is named after @
+    run_inline(capsys, "iql", *flags[:8], *TINY["iql"][2:], *EVAL, "--opponent",
+               f"blue={tmp_path / 'pool' / 'step_80.pt'}@red", "--run-dir", tmp_path / "q")  # fmt: skip
+    assert (tmp_path / "q" / "DONE").exists()
+
+
+def test_random_actor_picks_only_available_actions():
+    spec = GroupSpec("g", ("a", "b"), (3,), np.dtype(np.float32), True, 4, has_action_mask=True)
+    avail = np.zeros((50, 2, 4), bool)
+    avail[:, 0, 1] = avail[:, 1, 2:] = True
+    obs = Observation({"g": np.zeros((50, 2, 3))}, np.zeros((50, 1)), {"g": np.ones((50, 2), bool)}, {"g": avail})
+    a = random_actor(spec)(50, np.random.default_rng(0))(obs, None)["g"]
+    assert (a[:, 0] == 1).all() and set(a[:, 1]) == {2, 3}
+
+
+def test_opponent_spec_parsing():
+    assert parse_opponent("blue=runs/x/last.pt") == ("blue", "runs/x/last.pt", "blue")
+    assert parse_opponent("blue=runs/x@y/last.pt@red") == ("blue", "runs/x@y/last.pt", "red")
+    assert parse_opponent("blue=runs/x@y/last.pt") == ("blue", "runs/x@y/last.pt", "blue")
+
+
+class NoCapture:  # run_inline's capsys, for a module-scoped fixture
+    def readouterr(self):
+        return type("Captured", (), {"out": "", "err": ""})()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A MAPPO checkpoint of simple_adversary (both groups learn), and an IQL one whose adversary was frozen."""
+    d = tmp_path_factory.mktemp("ckpts")
+    for algo, flags in (("mappo", []), ("iql", ["--random-groups", "adversary"])):
+        run_inline(NoCapture(), algo, *TINY[algo], *EVAL, *ADVERSARY, *flags, "--run-dir", d / algo)
+    return d
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--opponent", "adversary"], "is not GROUP=PATH"),
+        (["--opponent", "adversary=nowhere.pt"], "--opponent adversary=nowhere.pt: checkpoint does not exist"),
+        (["--opponent", "zombies={m}"], "--opponent ['zombies']: simple_adversary_v3 has the groups"),
+        (["--opponent", "adversary={m}", "--random-groups", "adversary"], "frozen twice"),
+        (["--opponent", "adversary={m}", "agent={m}"], "freeze every group"),
+        (["--opponent", "adversary={i}"], "has no trained group 'adversary' (it did not learn there: it was frozen)"),
+        (["--opponent", "agent={m}@adversary"], "its group 'adversary' has [agents, observation shape"),
+        (["--opponent", "agent={m}@ghosts"], "has no trained group 'ghosts'"),
+        (["--self-play", "adversary"], "--self-play adversary: it needs exactly one learning group of the same shape"),
+    ],
+)
+def test_bad_opponents_fail_with_one_clear_error(flags, message, checkpoints, capsys):
+    flags = [str(f).format(m=checkpoints / "mappo" / "last.pt", i=checkpoints / "iql" / "last.pt") for f in flags]
+    code, _, err = run_inline(capsys, "mappo", *TINY["mappo"], *EVAL, *ADVERSARY, *flags, check=False)
+    assert code == 2 and message in err, err
+    assert "Traceback" not in err
+
+
+def test_a_checkpoint_of_another_env_is_refused(checkpoints):
+    spec = envs.make("simple_spread_v3", 1, 0, backend="pettingzoo").groups["agent"]
+    with pytest.raises(ValueError, match="was trained on simple_adversary_v3, not simple_spread_v3"):
+        load_actor(str(checkpoints / "mappo" / "last.pt"), "simple_spread_v3", spec, "agent", "cpu")
+
+
+# --- results/tournament.py ---
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
+import tournament  # noqa: E402
+
+
+class ScriptedBattle:
+    """Two teams of 3; env 0: blue loses 2 agents at step 1, the time limit ends it at step 2; env 1: red loses one
+    at step 1, then a team is wiped out at step 2 (every agent flagged, as MAgent2 does: the flags do not say which)."""
+
+    def __init__(self, n, seed):
+        spec = lambda g: GroupSpec(g, tuple(f"{g}_{i}" for i in range(3)), (2,), np.dtype(np.float32), True, 3)  # noqa: E731
+        self.groups, self.num_envs, self.t = {"red": spec("red"), "blue": spec("blue")}, n, 0
+
+    def obs(self, alive):
+        return Observation({g: np.zeros((2, 3, 2)) for g in alive}, np.zeros((2, 1)), alive)
+
+    def reset(self, seed=None):
+        self.t = 0
+        return self.obs({g: np.ones((2, 3), bool) for g in self.groups})
+
+    def step(self, actions):
+        self.t += 1
+        dead = {g: np.zeros((2, 3), bool) for g in self.groups}
+        if self.t == 1:
+            dead["blue"][0, :2] = dead["red"][1, 0] = True
+        else:
+            dead["blue"][0, :2] = dead["red"][1, 0] = True
+            dead["red"][1] = dead["blue"][1] = True  # env 1 ends by a wipe-out: all flagged
+        done = np.array([self.t == 2, self.t == 2])
+        truncated = np.array([self.t == 2, False])
+        episodes = [envs.EpisodeStats(i, {"red": 1.0, "blue": -1.0}, 0.0, 2) for i in range(2)] if self.t == 2 else []
+        rewards = {g: np.zeros((2, 3), np.float32) for g in self.groups}
+        alive = self.obs({g: ~dead[g] for g in self.groups})
+        return envs.StepResult(alive, rewards, dead, truncated, done, alive, episodes)
+
+    def close(self):
+        pass
+
+
+def test_tournament_counts_survivors_and_kills_on_both_kinds_of_ending():
+    random = lambda spec: (random_actor(spec), spec.name)  # noqa: E731
+    env = ScriptedBattle(2, 0)
+    rows = tournament.battles(ScriptedBattle, ["red", "blue"], random(env.groups["red"]), random(env.groups["blue"]),
+                              2, 0, 2)  # fmt: skip
+    # env 0: time limit, blue lost 2: red 3 alive, blue 1, red killed 2; env 1: wiped out after red lost 1: blue had 3
+    # left before the last step and red 2, so red (fewer) was the team wiped out
+    assert rows[0][:4] == [3, 1, 2, 0]
+    assert rows[1][:4] == [0, 3, 0, 3]
+
+
+def test_tournament_ratings_and_intervals():
+    elo = 400 * np.log10(tournament.bradley_terry(np.array([[0.0, 75.0], [25.0, 0.0]])))
+    assert elo[0] - elo[1] == pytest.approx(400 * np.log10(75.5 / 25.5), abs=0.5)  # the half-win prior, then 3:1
+    lo, hi = tournament.wilson(0.5, 100)
+    assert (lo, hi) == pytest.approx((0.404, 0.596), abs=1e-3)
+
+
+def test_tournament_runs_and_writes_its_tables(checkpoints, tmp_path, capsys):
+    flags = ["--env", "simple_adversary_v3", "--backend", "pettingzoo", "--battles", 3, "--num-envs", 3,
+             "--out", tmp_path]  # fmt: skip
+    code = tournament.main([str(f) for f in [*flags, "--player", f"m={checkpoints / 'mappo' / 'last.pt'}", "--random"]])
+    assert code == 0
+    record = json.loads((tmp_path / "tournament.json").read_text())
+    assert set(record["outcomes"]) == {"m vs random", "random vs m"}
+    assert all(len(rows) == 3 for rows in record["outcomes"].values())
+    assert "| **m** |" in (tmp_path / "tournament.md").read_text()
+    # the IQL checkpoint learned only 'agent': it cannot play the adversary side without @, and one player is too few
+    capsys.readouterr()
+    code = tournament.main([str(f) for f in [*flags, "--player", f"i={checkpoints / 'iql' / 'last.pt'}", "--random"]])
+    assert code == 2 and "its group 'agent' has [agents, observation shape" in capsys.readouterr().err
+    code = tournament.main([str(f) for f in [*flags, "--random"]])
+    assert code == 2 and "at least two players" in capsys.readouterr().err
