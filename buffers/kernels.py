@@ -12,7 +12,7 @@ Speed (results/speed/kernels.md, T=1000, B=1024, float32, 2-core EPYC): GAE ~1.9
 import numpy as np
 from numba import njit
 
-__all__ = ["gae", "td_lambda", "discounted_returns", "nstep_returns", "warmup"]
+__all__ = ["gae", "td_lambda", "discounted_returns", "nstep_returns", "neighbour_mean_actions", "warmup"]
 
 
 @njit(cache=True)
@@ -65,6 +65,32 @@ def _nstep_returns(rewards, terminated, episode_end, gamma, n, reward_sums, disc
             reward_sums[t, b] = total
             discounts[t, b] = 0.0 if terminated[k, b] else scale
             last_steps[t, b] = k
+
+
+@njit(cache=True)
+def _neighbour_mean_actions(positions, alive, actions, radius2, out):
+    E, A, n = out.shape
+    counts = np.zeros(A, dtype=np.int64)
+    for e in range(E):
+        counts[:] = 0
+        for i in range(A):
+            if not alive[e, i]:
+                continue
+            xi, yi = positions[e, i, 0], positions[e, i, 1]
+            for k in range(i + 1, A):  # each pair once: neighbourhood is symmetric
+                if not alive[e, k]:
+                    continue
+                dx, dy = positions[e, k, 0] - xi, positions[e, k, 1] - yi
+                if radius2 < 0 or dx * dx + dy * dy <= radius2:
+                    out[e, i, actions[e, k]] += 1.0
+                    out[e, k, actions[e, i]] += 1.0
+                    counts[i] += 1
+                    counts[k] += 1
+        for i in range(A):
+            if counts[i] > 0:
+                scale = 1.0 / counts[i]
+                for a in range(n):
+                    out[e, i, a] *= scale
 
 
 def _floats(name, x, shape, dtype):
@@ -166,6 +192,31 @@ def nstep_returns(rewards, terminated, episode_end, gamma, n):
     return out
 
 
+def neighbour_mean_actions(positions, alive, actions, n_actions, radius=None):
+    """Each agent's neighbours' mean one-hot action (mean-field MARL); see `buffers.reference.neighbour_mean_actions`.
+    Returns (E, A, n_actions) float32."""
+    actions = np.asarray(actions)
+    if actions.ndim != 2 or actions.dtype.kind not in "iu":
+        raise ValueError(f"actions has shape {actions.shape} and dtype {actions.dtype}; expected (E, A) integers")
+    E, A = actions.shape
+    if A and (actions.min() < 0 or actions.max() >= n_actions):
+        raise ValueError(f"actions lie in [{actions.min()}, {actions.max()}], outside [0, {n_actions})")
+    positions = np.zeros((E, A, 2), np.int64) if positions is None else np.asarray(positions)
+    if positions.shape != (E, A, 2):
+        raise ValueError(f"positions has shape {positions.shape}, expected (E, A, 2) = {(E, A, 2)}")
+    alive = np.asarray(alive)
+    if alive.shape != (E, A):
+        raise ValueError(f"alive has shape {alive.shape}, expected (E, A) = {(E, A)}, like actions")
+    alive = np.ascontiguousarray(alive if alive.dtype == np.bool_ else alive != 0)
+    if radius is not None and not radius >= 0:
+        raise ValueError(f"radius={radius} must be >= 0 (None: every other living agent of the group)")
+    out = np.zeros((E, A, n_actions), np.float32)
+    r2 = -1.0 if radius is None else float(radius) ** 2
+    _neighbour_mean_actions(np.ascontiguousarray(positions, np.int64), alive, np.ascontiguousarray(actions, np.int64),
+                            r2, out)  # fmt: skip
+    return out
+
+
 def warmup():
     """Compile (or load from cache) every kernel for float32 and float64 once, before timing."""
     for dtype in (np.float32, np.float64):
@@ -173,3 +224,4 @@ def warmup():
         gae(x, x, x, x, x, 0.99, 0.95)
         td_lambda(x, x, x, x, 0.99, 0.95)
         nstep_returns(x, x, x, 0.99, 3)
+    neighbour_mean_actions(np.zeros((1, 2, 2)), np.ones((1, 2), bool), np.zeros((1, 2), np.int64), 2, 1.0)

@@ -106,3 +106,32 @@ def nstep_returns(rewards, terminated, episode_end, gamma, n):
             discounts[t, b] = 0.0 if terminated[k, b] else scale
             last_steps[t, b] = k
     return reward_sums, discounts, last_steps
+
+
+def neighbour_mean_actions(positions, alive, actions, n_actions, radius=None):
+    """The mean one-hot action of each agent's neighbours (mean-field MARL, Yang et al. 2018), (E, A, n_actions).
+
+    positions (E, A, 2) grid cells (None: no positions, every agent is everyone's neighbour), alive (E, A),
+    actions (E, A) integers. Agent k is a neighbour of agent i when both are alive, k != i, and their Euclidean
+    distance is at most `radius` (MAgent2's circular view range; None: every other living agent). An agent with no
+    neighbour (or a dead one) gets zeros.
+    """
+    actions = np.asarray(actions)
+    E, A = actions.shape
+    out = np.zeros((E, A, n_actions), np.float32)
+    for e in range(E):
+        for i in range(A):
+            if not alive[e, i]:
+                continue
+            neighbours = []
+            for k in range(A):
+                if k == i or not alive[e, k]:
+                    continue
+                if radius is not None and positions is not None:
+                    dx, dy = positions[e, k, 0] - positions[e, i, 0], positions[e, k, 1] - positions[e, i, 1]
+                    if dx * dx + dy * dy > radius * radius:
+                        continue
+                neighbours.append(actions[e, k])
+            for a in neighbours:
+                out[e, i, a] += 1.0 / len(neighbours)
+    return out

@@ -22,6 +22,7 @@ class GroupSpec:
     action_low: np.ndarray | None = None  # continuous only: bounds per action component
     action_high: np.ndarray | None = None
     has_action_mask: bool = False
+    has_positions: bool = False  # the env places the agents on a grid (MAgent2): Observation.positions
 
     @property
     def n_agents(self) -> int:
@@ -36,12 +37,14 @@ class Observation:
     state             (E, *state_shape)   the env's own `state()`, else the concatenated observations
     agent_mask[g]     (E, A) bool         alive at this step
     avail_actions[g]  (E, A, n) bool      only for groups whose env supplies action masks
+    positions[g]      (E, A, 2) int32     only for grid envs (MAgent2): each agent's cell (x, y); zeros for dead agents
     """
 
     obs: dict[str, np.ndarray]
     state: np.ndarray
     agent_mask: dict[str, np.ndarray]
     avail_actions: dict[str, np.ndarray] = field(default_factory=dict)
+    positions: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

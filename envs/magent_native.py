@@ -5,7 +5,7 @@ rewards and flags, and their `state()` asks the engine for every team's observat
 PettingZoo env for what happens once per episode (reset: the engine's reset and the map generation, which draw from
 the env's random generator) and drives the engine itself for every step, one call per team:
 `set_action(handle, actions)`, `step()`, `get_alive`, `get_reward`, `get_observation`, `clear_dead()`, then the
-state from one more `get_observation` and `get_pos` per team.
+state and the agents' cells (`Observation.positions`) from one `get_pos` per team.
 
 It writes the same arrays, bit for bit, as `EnvRunner` over the PettingZoo env does (tests/test_magent_native.py
 holds the two equal over 1,000 random steps per id): the same agent order, observations (with the minimap and
@@ -31,6 +31,7 @@ class MagentRunner(EnvRunner):
         super().__init__(env, spec, buffers, index)
         self.world = env.env  # the C++ GridWorld behind the PettingZoo env
         self.handles, self.all_handles = list(env.handles), list(env._all_handles)
+        self.acting = {h.value for h in self.handles}  # gather's food is a team that does not act
         self.minimap, self.extra = env.minimap_mode, env.extra_features
         self.max_cycles = env.max_cycles
         # engine id k is PettingZoo's possible_agents[k] (magent_parallel_env indexes observations by it); each
@@ -121,10 +122,12 @@ class MagentRunner(EnvRunner):
         world.clear_dead()
         finished = n_active == 0
         self._length += 1
-        self._write_state(finished, seen)
+        teams = [(h, world.get_pos(h)) for h in self.all_handles]  # after clear_dead: the living agents' cells
+        self._write_state(finished, seen, teams)
+        self._write_positions([(h, xy) for h, xy in teams if h.value in self.acting])
         return self._end_step(finished, any_truncated)
 
-    def _write_state(self, finished, seen=None):
+    def _write_state(self, finished, seen=None, teams=None):
         """The PettingZoo env's `state()` (after clear_dead), from the step's own observation queries (a team that
         does not act, such as gather's food, is asked here); zeros once a team has no agent left, where `state()`
         itself fails and `EnvRunner` writes zeros."""
@@ -132,7 +135,6 @@ class MagentRunner(EnvRunner):
             super()._write_state(finished)
             return
         pz, state, world = self.env, self._state, self.world
-        teams = [(h, world.get_pos(h)) for h in self.all_handles]
         if any(len(pos) == 0 for _, pos in teams):
             state[...] = 0
             if not finished and not self._warned_state:

@@ -29,6 +29,7 @@ Conventions (see also `envs/api.py`):
   of all agents, concatenated in group order then agent order (for mpe2 this equals `state()`).
 """
 
+import dataclasses
 import math
 import re
 import warnings
@@ -163,6 +164,8 @@ def describe(env, seed: int, state_from_obs: bool = False) -> EnvSpec:
             has_action_mask=source is not None,
         )
 
+    if grid_world(env) is not None:  # MAgent2: every agent has a cell on the map
+        groups = {name: dataclasses.replace(spec, has_positions=True) for name, spec in groups.items()}
     index = {a: (g, j) for g, group_agents in enumerate(members) for j, a in enumerate(group_agents)}
     state = None
     if not state_from_obs:
@@ -192,6 +195,13 @@ def describe(env, seed: int, state_from_obs: bool = False) -> EnvSpec:
     )
 
 
+def grid_world(env):
+    """The MAgent2 engine (a GridWorld with team handles) behind a PettingZoo env, else None."""
+    core = getattr(env, "unwrapped", env)
+    world = getattr(core, "env", None)
+    return world if hasattr(world, "get_pos") and hasattr(core, "handles") else None
+
+
 class StepArrays:
     """Every batched array of a vector env, preallocated once: `(E, ...)` each.
 
@@ -216,6 +226,7 @@ class StepArrays:
             offset += -(-count * dtype.itemsize // _ALIGN) * _ALIGN
         names = list(spec.groups)
         masked = [g for g, s in spec.groups.items() if s.has_action_mask]
+        placed = [g for g, s in spec.groups.items() if s.has_positions]
 
         def observation(prefix: str) -> Observation:
             return Observation(
@@ -223,6 +234,7 @@ class StepArrays:
                 state=arrays[f"{prefix}/state"],
                 agent_mask={g: arrays[f"{prefix}/mask/{g}"] for g in names},
                 avail_actions={g: arrays[f"{prefix}/avail/{g}"] for g in masked},
+                positions={g: arrays[f"{prefix}/pos/{g}"] for g in placed},
             )
 
         self.next = observation("next")
@@ -244,6 +256,8 @@ class StepArrays:
                 fields.append((f"{prefix}/mask/{g}", (E, s.n_agents), np.dtype(bool)))
                 if s.has_action_mask:
                     fields.append((f"{prefix}/avail/{g}", (E, s.n_agents, s.action_dim), np.dtype(bool)))
+                if s.has_positions:
+                    fields.append((f"{prefix}/pos/{g}", (E, s.n_agents, 2), np.dtype(np.int32)))
             fields.append((f"{prefix}/state", (E, *spec.state_shape), spec.state_dtype))
         for g, s in spec.groups.items():
             fields.append((f"rewards/{g}", (E, s.n_agents), np.dtype(np.float32)))
@@ -270,6 +284,7 @@ def _copy_observation(o: Observation) -> Observation:
         state=o.state.copy(),
         agent_mask={g: a.copy() for g, a in o.agent_mask.items()},
         avail_actions={g: a.copy() for g, a in o.avail_actions.items()},
+        positions={g: a.copy() for g, a in o.positions.items()},
     )
 
 
@@ -300,6 +315,8 @@ class EnvRunner:
         ]
         self._state = buffers.next.state[i]
         self._final_state = buffers.final.state[i]
+        self._pos = [buffers.next.positions[g][i] for g in names if g in buffers.next.positions]
+        self._final_pos = [buffers.final.positions[g][i] for g in names if g in buffers.final.positions]
         self._rewards = [buffers.rewards[g][i] for g in names]
         self._terminated = [buffers.terminated[g][i] for g in names]
         self._actions = [buffers.actions[g][i] for g in names]
@@ -327,6 +344,10 @@ class EnvRunner:
         self._returns = [0.0] * n
         self._length = 0
         self._warned_state = False
+        if self._pos:  # MAgent2: engine id k is possible_agents[k]; where each id's row is
+            self._world = grid_world(env)
+            self._group_of_id = np.array([g for _, _, g, _, _ in self._agents])
+            self._row_of_id = np.array([j for _, _, _, j, _ in self._agents])
 
     # --- writing one agent's observation ------------------------------------------------------
 
@@ -362,6 +383,17 @@ class EnvRunner:
                 warnings.warn("env.state() failed mid-episode; using a zero state", stacklevel=2)
                 self._warned_state = True
 
+    def _write_positions(self, teams=None) -> None:
+        """Every living agent's cell, from the engine (`teams`: its (handle, positions) pairs, when already read);
+        zeros for the dead (MAgent2 only: the groups have positions)."""
+        world = self._world
+        for pos in self._pos:
+            pos[...] = 0
+        for h, xy in teams if teams is not None else ((h, world.get_pos(h)) for h in self.env.unwrapped.handles):
+            ids = world.get_agent_id(h)
+            if len(ids):
+                self._pos[self._group_of_id[ids[0]]][self._row_of_id[ids]] = xy
+
     # --- the two things a runner does ---------------------------------------------------------
 
     def reset(self, seed: int | None = None) -> None:
@@ -378,6 +410,8 @@ class EnvRunner:
                 self._active[k], self._dead[k] = True, False
             self._returns[k] = 0.0
         self._length = 0
+        if self._pos:
+            self._write_positions()
         self._write_state(finished=False)
 
     def step(self) -> EpisodeStats | None:
@@ -440,6 +474,8 @@ class EnvRunner:
             any_truncated = True
         self._length += 1
         self._write_state(finished)
+        if self._pos:
+            self._write_positions()
         return self._end_step(finished, any_truncated)
 
     def _end_step(self, finished: bool, truncated: bool) -> EpisodeStats | None:
@@ -455,6 +491,8 @@ class EnvRunner:
             self._final_mask[g][...] = self._mask[g]
             if self._avail[g] is not None:
                 self._final_avail[g][...] = self._avail[g]
+        for pos, final in zip(self._pos, self._final_pos, strict=True):
+            final[...] = pos
         self._final_state[...] = self._state
         if self.keep_final_frame:
             self.final_frame = self.env.render()

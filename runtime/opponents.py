@@ -119,7 +119,8 @@ def renamed(obs: Observation, group: str, source: str) -> Observation:
     if group == source:
         return obs
     avail = {source: obs.avail_actions[group]} if group in obs.avail_actions else {}
-    return Observation({source: obs.obs[group]}, obs.state, {source: obs.agent_mask[group]}, avail)
+    pos = {source: obs.positions[group]} if group in obs.positions else {}
+    return Observation({source: obs.obs[group]}, obs.state, {source: obs.agent_mask[group]}, avail, pos)
 
 
 class Frozen:
@@ -154,7 +155,8 @@ class FrozenEnv(VecEnv):
     def learners(self, obs: Observation) -> Observation:
         keep = self.groups
         return Observation({g: obs.obs[g] for g in keep}, obs.state, {g: obs.agent_mask[g] for g in keep},
-                           {g: a for g, a in obs.avail_actions.items() if g in keep})  # fmt: skip
+                           {g: a for g, a in obs.avail_actions.items() if g in keep},
+                           {g: a for g, a in obs.positions.items() if g in keep})  # fmt: skip
 
     def reset(self, seed=None) -> Observation:
         self._obs, self._done = self.env.reset(seed), None

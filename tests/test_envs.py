@@ -157,7 +157,13 @@ def rollout(vec, steps, seed=0):
 
 
 def flatten(o):
-    return [o.state] + [o.obs[g] for g in o.obs] + [o.agent_mask[g] for g in o.obs] + list(o.avail_actions.values())
+    return (
+        [o.state]
+        + [o.obs[g] for g in o.obs]
+        + [o.agent_mask[g] for g in o.obs]
+        + list(o.avail_actions.values())
+        + list(o.positions.values())
+    )
 
 
 def assert_same(a, b):

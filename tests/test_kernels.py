@@ -170,3 +170,46 @@ def test_bad_inputs_raise_clear_errors(call, match):
     f = np.zeros((4, 3), bool)
     with pytest.raises((ValueError, TypeError), match=match):
         call(x, f)
+
+
+# --- the neighbour mean action of mean-field MARL ---
+
+
+@pytest.mark.parametrize("radius", [None, 0.0, 1.5, 3.0, 100.0])
+@pytest.mark.parametrize("E, A, n", [(1, 1, 3), (3, 7, 5), (2, 30, 21)])
+def test_neighbour_mean_actions_match_reference(E, A, n, radius):
+    rng = np.random.default_rng(E * 100 + A)
+    positions = rng.integers(0, 6, (E, A, 2))
+    alive = rng.random((E, A)) < 0.7  # dead agents neither get nor give a mean
+    actions = rng.integers(0, n, (E, A))
+    got = kernels.neighbour_mean_actions(positions, alive, actions, n, radius)
+    want = reference.neighbour_mean_actions(positions, alive, actions, n, radius)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    has = got.sum(-1)  # a distribution where an agent has a living neighbour, zeros elsewhere (and for the dead)
+    assert np.allclose(has[has > 0], 1.0) and (has[~alive] == 0).all()
+
+
+def test_neighbour_mean_actions_by_hand():
+    positions = np.array([[[0, 0], [1, 0], [5, 5], [0, 2]]])
+    alive = np.array([[True, True, True, False]])
+    actions = np.array([[0, 1, 2, 1]])
+    got = kernels.neighbour_mean_actions(positions, alive, actions, 3, radius=2.0)
+    # agent 0 sees 1 (distance 1), not 2 (far) nor 3 (dead); agent 2 sees nobody
+    np.testing.assert_array_equal(got[0], [[0, 1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0]])
+    group = kernels.neighbour_mean_actions(None, alive, actions, 3)  # --mean-over group: every other living agent
+    np.testing.assert_allclose(group[0, 0], [0, 0.5, 0.5])
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((np.zeros((1, 2, 2)), np.ones((1, 2)), np.array([[0, 3]]), 3, 1.0), r"outside \[0, 3\)"),
+        ((np.zeros((1, 3, 2)), np.ones((1, 2)), np.array([[0, 1]]), 3, 1.0), "positions has shape"),
+        ((np.zeros((1, 2, 2)), np.ones((2, 2)), np.array([[0, 1]]), 3, 1.0), "alive has shape"),
+        ((np.zeros((1, 2, 2)), np.ones((1, 2)), np.array([[0, 1]]), 3, -1.0), "radius=-1.0 must be >= 0"),
+        ((np.zeros((1, 2, 2)), np.ones((1, 2)), np.array([0.0, 1.0]), 3, 1.0), "expected \\(E, A\\) integers"),
+    ],
+)
+def test_neighbour_mean_actions_bad_inputs(args, match):
+    with pytest.raises(ValueError, match=match):
+        kernels.neighbour_mean_actions(*args)

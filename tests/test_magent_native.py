@@ -2,6 +2,7 @@
 for bit: observations, rewards, terminations, truncations, dead-agent masks, agent order, global state, episode
 statistics, over 1,000 random steps per id from the same seed (with truncations, deaths and wiped-out teams)."""
 
+import numpy as np
 import pytest
 from test_envs import MAGENT_SMALL, assert_same, rollout
 
@@ -37,3 +38,23 @@ def test_subprocess_workers_run_the_native_backend_with_the_same_numbers():
         sub.close()
     assert_same(a, rollout(envs.make("battle_v4", num_envs=3, seed=1, backend="pettingzoo", **kwargs), 100, seed=2))
     assert any(isinstance(x, tuple) for step in a[1:] for x in step)  # episodes ended and were reset
+
+
+@pytest.mark.parametrize("backend", ["native", "pettingzoo"])
+def test_positions_are_the_engines_cells_of_the_living_and_zeros_for_the_dead(backend):
+    vec = envs.make("tiger_deer_v4", num_envs=2, seed=0, backend=backend, map_size=10, max_cycles=200)
+    rng, deaths = np.random.default_rng(0), 0
+    obs = vec.reset()
+    for _ in range(400):
+        runner = vec.runners[0]
+        world, handles = runner.env.unwrapped.env, runner.env.unwrapped.handles
+        cells = {tuple(xy) for h in handles for xy in world.get_pos(h).tolist()}
+        for g, pos in obs.positions.items():
+            alive = obs.agent_mask[g][0]
+            assert {tuple(xy) for xy in pos[0][alive].tolist()} <= cells  # env 0's living agents, where they stand
+            assert (pos[~obs.agent_mask[g]] == 0).all()
+            assert ((pos >= 0) & (pos < 10)).all()
+        step = vec.step({g: rng.integers(0, s.action_dim, (2, s.n_agents)) for g, s in vec.groups.items()})
+        deaths += sum(int(t.sum()) for t in step.terminated.values())
+        obs = step.next
+    assert set(obs.positions) == set(vec.groups) and deaths > 0
