@@ -568,6 +568,7 @@ class PettingZooVecEnv(VecEnv):
                 (final.obs, b.final.obs),
                 (final.agent_mask, b.final.agent_mask),
                 (final.avail_actions, b.final.avail_actions),
+                (final.positions, b.final.positions),
             ):
                 for g in dst:
                     dst[g][done] = src[g][done]

@@ -58,3 +58,15 @@ def test_positions_are_the_engines_cells_of_the_living_and_zeros_for_the_dead(ba
         deaths += sum(int(t.sum()) for t in step.terminated.values())
         obs = step.next
     assert set(obs.positions) == set(vec.groups) and deaths > 0
+
+
+@pytest.mark.parametrize("backend", ["native", "pettingzoo"])
+def test_final_positions_are_where_the_episode_ended(backend):
+    vec = envs.make("battle_v4", num_envs=2, seed=0, backend=backend, map_size=12, max_cycles=6)
+    rng = np.random.default_rng(1)
+    first = vec.reset().positions["red"].copy()  # battle's formation: every episode starts here
+    for _ in range(6):
+        step = vec.step({g: rng.integers(0, s.action_dim, (2, s.n_agents)) for g, s in vec.groups.items()})
+    assert step.done.all()
+    np.testing.assert_array_equal(step.next.positions["red"], first)  # the next episode's start
+    assert not np.array_equal(step.final.positions["red"], first)  # where the last one ended (agents moved)
