@@ -44,8 +44,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """--mean-over view: the neighbourhood's radius in cells (MAgent2 battle's view range is a circle of 6)"""
     learning_rate: float = 1e-4
     """Adam learning rate (the authors' battle setting)"""
-    buffer_size: int = 200_000
-    """replay capacity in env steps (summed over envs; each holds every agent of every learning group)"""
+    buffer_size: int = 100_000
+    """replay capacity in agent-steps of the largest learning group: it holds buffer_size // agents env steps
+    (battle_v4: 1,234 env steps of 81 agents a side, ~1.4 GB; simple_spread_v3: 33,333)"""
     batch_size: int = 64
     """env steps per gradient step (each with every agent of the group)"""
     gamma: float = 0.95
@@ -201,7 +202,8 @@ def main(args):
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"mfq": mfq}, eval_env, make_greedy, NETWORK_FLAGS)
         return
-    rb = ReplayBuffer(args.buffer_size, args.num_envs, replay_fields(specs))
+    rows = max(args.buffer_size // max(s.n_agents for s in specs.values()), args.num_envs, args.batch_size)
+    rb = ReplayBuffer(rows, args.num_envs, replay_fields(specs))
     nets = {"mfq": mfq, "target": target}
     run = Run(args, ALGO, env, nets, {"mfq": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step

@@ -23,9 +23,20 @@ a lossy dtype) and raises a `BufferInputError` that names the field. What a fiel
   (``actions.astype(np.int64)``, ``terminated != 0``) so rounding and truncation are the script's choice.
 """
 
+import math
+import os
+
 import numpy as np
 
 __all__ = ["BufferInputError", "Schema", "to_torch"]
+
+
+def physical_memory():
+    """Bytes of physical memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 class BufferInputError(ValueError):
@@ -61,12 +72,27 @@ class Schema:
         return self.fields[name][0]
 
     def allocate(self, lead, dtypes=None):
-        """Zeroed arrays of shape ``(*lead, *per_env_shape)``; `dtypes` overrides storage dtypes by name."""
+        """Zeroed arrays of shape ``(*lead, *per_env_shape)``; `dtypes` overrides storage dtypes by name. A buffer
+        larger than the machine's memory is refused in one line (not an out-of-memory kill halfway through a run)."""
         dtypes = dtypes or {}
-        return {
-            name: np.zeros((*lead, *shape), dtype=dtypes.get(name, dtype))
-            for name, (shape, dtype) in self.fields.items()
-        }
+        need = sum(math.prod((*lead, *shape)) * np.dtype(dtypes.get(name, dtype)).itemsize
+                   for name, (shape, dtype) in self.fields.items())  # fmt: skip
+        ram = physical_memory()
+        each = need / max(math.prod(lead), 1)
+        message = (f"this buffer needs {need / 2**30:.1f} GiB for {math.prod(lead):,} steps of "
+                   + (f"{each / 2**10:,.0f} KiB" if each >= 2**10 else f"{each:.0f} bytes") + " each")  # fmt: skip
+        if ram is not None and need > ram:
+            raise BufferInputError(f"{message}, more than this machine's {ram / 2**30:.1f} GiB: lower its capacity "
+                                   f"(--buffer-size)")  # fmt: skip
+        try:
+            return {
+                name: np.zeros((*lead, *shape), dtype=dtypes.get(name, dtype))
+                for name, (shape, dtype) in self.fields.items()
+            }
+        except MemoryError:
+            raise BufferInputError(
+                f"{message}, which could not be allocated: lower its capacity (--buffer-size)"
+            ) from None
 
     def check(self, step, lead, partial=False):
         """Validate one `add` call: every declared field (unless `partial`), each of shape (*lead, *shape)."""

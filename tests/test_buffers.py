@@ -647,3 +647,14 @@ def test_to_torch_converts_dtypes_in_one_place():
     t = to_torch(batch)
     assert t["obs"].dtype == torch.float32 and t["mask"].dtype == torch.float32
     assert t["actions"].dtype == torch.int64 and t["mask"].tolist() == [1.0, 0.0]
+
+
+def test_a_buffer_larger_than_the_machine_is_refused_in_one_line():
+    from buffers import ReplayBuffer
+    from buffers.schema import BufferInputError, physical_memory
+
+    rows = physical_memory() // 400 + 1  # 400 bytes per step: more than the machine holds
+    with pytest.raises(
+        BufferInputError, match=r"this buffer needs .* GiB .* of 400 bytes each, more than this machine"
+    ):
+        ReplayBuffer(rows, 1, {"obs": ((100,), np.float32)})
