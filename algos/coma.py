@@ -19,6 +19,7 @@ from runtime import (
     cli,
     evaluate_checkpoint,
     make_env,
+    make_eval_env,
     setup,
 )
 
@@ -220,7 +221,7 @@ def main(args):
                   for part, lr in (("actor", args.actor_lr), ("critic", args.critic_lr))}  # fmt: skip
 
     make_greedy = acting(comas, args, device)  # evaluation: the most probable action
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, comas, eval_env, make_greedy, NETWORK_FLAGS)
         return

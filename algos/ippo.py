@@ -17,6 +17,7 @@ from runtime import (
     cli,
     evaluate_checkpoint,
     make_env,
+    make_eval_env,
     setup,
 )
 
@@ -272,7 +273,7 @@ def main(args):
     optimizers = {g: torch.optim.Adam(policies[g].parameters(), lr=args.learning_rate, eps=1e-5) for g in learners}
 
     make_greedy = acting(policies, args, device)  # evaluation: greedy actions
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, policies, eval_env, make_greedy, NETWORK_FLAGS)
         return

@@ -19,6 +19,7 @@ from runtime import (
     cli,
     evaluate_checkpoint,
     make_env,
+    make_eval_env,
     setup,
     sub_state,
 )
@@ -216,7 +217,7 @@ def main(args):
     actor_targets, critic_targets = copy.deepcopy(actors), copy.deepcopy(critics)
     nets = dict(actors=actors, critics=critics, actor_targets=actor_targets, critic_targets=critic_targets)
     make_greedy = acting(actors, args, device)  # evaluation: mu(o), no noise
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
         return

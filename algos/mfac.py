@@ -20,6 +20,7 @@ from runtime import (
     cli,
     evaluate_checkpoint,
     make_env,
+    make_eval_env,
     setup,
     sub_state,
 )
@@ -156,7 +157,7 @@ def main(args):
     mfac = MFAC(specs, args).to(device)
     optimizer = torch.optim.Adam(mfac.parameters(), lr=args.learning_rate)
     make_greedy = lambda n, rng: lambda obs, done: act(mfac.agents, specs, obs, device, args, greedy=True)[0]  # noqa: E731
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"mfac": mfac}, eval_env, make_greedy, NETWORK_FLAGS)
         return

@@ -21,6 +21,7 @@ from runtime import (
     cli,
     evaluate_checkpoint,
     make_env,
+    make_eval_env,
     setup,
     sub_state,
 )
@@ -198,7 +199,7 @@ def main(args):
     target = copy.deepcopy(mfq)
     optimizer = torch.optim.Adam(mfq.parameters(), lr=args.learning_rate)
     make_greedy = acting(mfq.agents, specs, args, device)  # evaluation: greedy on the previous mean action
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"mfq": mfq}, eval_env, make_greedy, NETWORK_FLAGS)
         return

@@ -20,6 +20,7 @@ from runtime import (
     cli,
     evaluate_checkpoint,
     make_env,
+    make_eval_env,
     setup,
     sub_state,
 )
@@ -191,7 +192,7 @@ def main(args):
     def make_greedy(num_envs, rng):  # evaluation: the most probable action of every agent
         return lambda obs, done: act(vdac, obs, device, greedy=True)[0]
 
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"vdac": vdac}, eval_env, make_greedy, NETWORK_FLAGS)
         return

@@ -20,6 +20,7 @@ from runtime import (
     cli,
     evaluate_checkpoint,
     make_env,
+    make_eval_env,
     setup,
     sub_state,
 )
@@ -203,7 +204,7 @@ def main(args):
     optimizer = torch.optim.Adam(vdn.parameters(), lr=args.learning_rate)
 
     make_greedy = acting(vdn.agents, specs, args, device, epsilon=0.0)  # evaluation: greedy
-    eval_env = lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync")  # noqa: E731
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"vdn": vdn}, eval_env, make_greedy, NETWORK_FLAGS)
         return

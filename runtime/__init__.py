@@ -27,7 +27,17 @@ Modules: `args` (the shared flags and env construction), `checks` (argument chec
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
-from runtime.args import MultiAgentArgs, RunArgs, checkpoint_args, cli, env_kwargs, env_signature, make_env, setup
+from runtime.args import (
+    MultiAgentArgs,
+    RunArgs,
+    checkpoint_args,
+    cli,
+    env_kwargs,
+    env_signature,
+    make_env,
+    make_eval_env,
+    setup,
+)
 from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint, sub_state
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
@@ -54,6 +64,7 @@ __all__ = [
     "evaluate_checkpoint",
     "load_checkpoint",
     "make_env",
+    "make_eval_env",
     "periodic_seed",
     "restore",
     "save_checkpoint",

@@ -27,7 +27,8 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from runtime.args import env_signature, make_env
+from runtime.args import env_signature
+from runtime.args import make_eval_env as standard_eval_env
 from runtime.checkpoint import flag, load_checkpoint, restore, rng_state, save_checkpoint
 from runtime.evaluation import FINAL_SEED, add_video, evaluate, periodic_seed, record
 from runtime.opponents import load_actor, self_play_source
@@ -66,7 +67,7 @@ class Run:
         make_greedy: `(num_envs, rng) -> greedy(obs, done) -> actions`, for the evaluations.
         network_flags: flags that shape the networks; a resumed checkpoint must have the same.
         same_flags: flags that shape the run (e.g. num_steps); --num-envs is always one.
-        make_eval_env: `(num_envs, seed) -> env` (default: the standard PettingZoo env with the script's flags).
+        make_eval_env: `(num_envs, seed) -> env` (default: protocol v2's standard env with the script's flags).
         replay: an off-policy script's replay buffer: --resume reloads it from replay.npz when a stop wrote one
             (`run.replay_restored`), and a stop request writes it there with --save-buffer.
     """
@@ -75,7 +76,7 @@ class Run:
                  make_eval_env=None, replay=None):  # fmt: skip
         self.args, self.algo, self.nets, self.optimizers, self.rng = args, algo, nets, optimizers, rng
         self.make_greedy, self.replay, self.replay_restored, self.env = make_greedy, replay, False, env
-        self.make_eval_env = make_eval_env or (lambda n, seed: make_env(args, n, seed, "pettingzoo", "sync"))
+        self.make_eval_env = make_eval_env or (lambda n, seed: standard_eval_env(args, n, seed))
         self.signature = env_signature(env)
         self.global_step, self.evals, self.best_eval, self.counters = 0, 0, -np.inf, {}
         self.last_eval, self.last_eval_step, self.stop_signal = float("nan"), -1, None
