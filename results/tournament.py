@@ -13,9 +13,10 @@ and how sure we are.
   that died. A battle that ends because a team was wiped out flags every agent (MAgent2), so there the survivors
   are those alive before the last step, and the team with fewer of them (or, if equal, the lower reward in that
   step) is the one wiped out.
-* Output in `--out` (default results/<env>/): tournament.json (every pair's outcomes, the command) and
-  tournament.md: the score matrix (wins + draws / 2 over both sides, with 95% Wilson intervals), Bradley-Terry
-  ratings on the Elo scale (random = 0 when it plays), and mean kills per battle.
+* Output in `--out` (default results/<env>/): tournament.json (every pair's outcomes, the command, the commit),
+  tournament.md: the score matrix (wins + draws / 2 over both sides, with 95% Wilson intervals), wins / draws /
+  losses, Bradley-Terry ratings on the Elo scale (random = 0 when it plays) and mean kills per battle; and
+  tournament.png, the score matrix as a heatmap.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import json
 import math
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -186,14 +188,70 @@ def main(argv=None):
     out = Path(args.out) if args.out else RESULTS_DIR / args.env_id
     out.mkdir(parents=True, exist_ok=True)
     command = "python results/tournament.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    record = dict(env_id=args.env_id, sides=sides, players={k: v[0] for k, v in players.items()},
+    record = dict(env_id=args.env_id, commit=commit(), sides=sides, players={k: v[0] for k, v in players.items()},
                   battles=args.battles, seed=args.seed, env_kwargs=kwargs, sample=args.sample, command=command,
                   seconds=round(time.time() - start, 1), outcomes=outcomes,
                   columns=[f"{g} {k}" for k in ("alive", "kills", "return") for g in sides])  # fmt: skip
     (out / "tournament.json").write_text(json.dumps(record) + "\n")
-    (out / "tournament.md").write_text(f"# Tournament on {args.env_id}\n\nCommand: `{command}`\n\n{report}")
+    header = f"# Tournament on {args.env_id}\n\nCommand: `{command}` (commit {record['commit']}).\n\n"
+    (out / "tournament.md").write_text(header + f"![score matrix](tournament.png)\n\n{report}")
+    heatmap(names, outcomes, out / "tournament.png", args.env_id)
     print(report)
     return 0
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=RESULTS_DIR).stdout.strip() or "unknown"  # fmt: skip
+    except OSError:
+        return "unknown"
+
+
+def scores(names, outcomes):
+    """score[i, j]: player i's wins + draws / 2 against j over both sides; wins, draws; battles[i, j]."""
+    n = len(names)
+    score, wins, draws, played = (np.zeros((n, n)) for _ in range(4))
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            if i == j:
+                continue
+            r = np.asarray(outcomes[f"{a} vs {b}"], float)  # a is the first side
+            won, drawn = (r[:, 0] > r[:, 1]).sum(), (r[:, 0] == r[:, 1]).sum()
+            lost = len(r) - won - drawn
+            score[i, j] += won + drawn / 2
+            score[j, i] += lost + drawn / 2
+            wins[i, j] += won
+            wins[j, i] += lost
+            draws[i, j] += drawn
+            draws[j, i] += drawn
+            played[i, j] += len(r)
+            played[j, i] += len(r)
+    return score, wins, draws, played
+
+
+def heatmap(names, outcomes, path, env_id):
+    """The score matrix as a PNG: row player's score against the column player."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    score, _, _, played = scores(names, outcomes)
+    rate = np.where(played > 0, score / np.maximum(played, 1), np.nan)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.9 * len(names)), max(3.5, 1.0 + 0.8 * len(names))))
+    im = ax.imshow(rate, vmin=0, vmax=1, cmap="RdBu")
+    for i in range(len(names)):
+        for j in range(len(names)):
+            if i != j:
+                ax.text(j, i, f"{rate[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_title(f"{env_id}\nscore of the row player (wins + draws / 2)", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def summary(rows) -> str:
@@ -205,22 +263,16 @@ def summary(rows) -> str:
 def tables(names, sides, outcomes, args) -> str:
     """The score matrix with intervals, ratings and kills, as markdown."""
     n = len(names)
-    score, played, kills = np.zeros((n, n)), np.zeros((n, n)), np.zeros(n)
-    battles_of = np.zeros(n)
+    score, wins, draws, played = scores(names, outcomes)
+    kills, battles_of = np.zeros(n), np.zeros(n)
     for i, a in enumerate(names):
         for j, b in enumerate(names):
-            if i == j:
-                continue
-            r = np.asarray(outcomes[f"{a} vs {b}"], float)  # a is red
-            s = (r[:, 0] > r[:, 1]) + 0.5 * (r[:, 0] == r[:, 1])
-            score[i, j] += s.sum()
-            score[j, i] += len(s) - s.sum()
-            played[i, j] += len(s)
-            played[j, i] += len(s)
-            kills[i] += r[:, 2].sum()
-            kills[j] += r[:, 3].sum()
-            battles_of[i] += len(r)
-            battles_of[j] += len(r)
+            if i != j:
+                r = np.asarray(outcomes[f"{a} vs {b}"], float)
+                kills[i] += r[:, 2].sum()
+                kills[j] += r[:, 3].sum()
+                battles_of[i] += len(r)
+                battles_of[j] += len(r)
     strength = bradley_terry(score)
     elo = 400 * np.log10(strength)
     elo -= elo[names.index(RANDOM)] if RANDOM in names else elo.mean()
@@ -237,11 +289,12 @@ def tables(names, sides, outcomes, args) -> str:
             lo, hi = wilson(rate, int(played[i, j]))
             cells.append(f"{rate:.2f} [{lo:.2f}, {hi:.2f}]")
         lines.append(f"| **{a}** | " + " | ".join(cells) + " |")
-    lines += ["", "| player | rating (Elo scale, Bradley-Terry) | score over all battles | mean kills per battle |",
-              "|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| player | rating (Elo scale, Bradley-Terry) | score over all battles | wins / draws / losses | "
+              "mean kills per battle |", "|---|---|---|---|---|"]  # fmt: skip
     for i in np.argsort(-elo):
+        w, d = int(wins[i].sum()), int(draws[i].sum())
         lines.append(f"| {names[i]} | {elo[i]:+.0f} | {score[i].sum() / played[i].sum():.3f} | "
-                     f"{kills[i] / battles_of[i]:.2f} |")  # fmt: skip
+                     f"{w} / {d} / {int(played[i].sum()) - w - d} | {kills[i] / battles_of[i]:.2f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

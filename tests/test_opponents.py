@@ -205,6 +205,14 @@ def test_tournament_counts_survivors_and_kills_on_both_kinds_of_ending():
     assert rows[1][:4] == [0, 3, 0, 3]
 
 
+def test_tournament_scores_pool_both_sides():
+    # a beats b 3-0 as the first side and draws 3 as the second: 4.5 of 6 for a, 1.5 for b
+    outcomes = {"a vs b": [[2, 0, 1, 0, 0, 0]] * 3, "b vs a": [[1, 1, 0, 0, 0, 0]] * 3}
+    score, wins, draws, played = tournament.scores(["a", "b"], outcomes)
+    assert score.tolist() == [[0, 4.5], [1.5, 0]] and wins.tolist() == [[0, 3], [0, 0]]
+    assert draws.tolist() == [[0, 3], [3, 0]] and played.tolist() == [[0, 6], [6, 0]]
+
+
 def test_tournament_ratings_and_intervals():
     elo = 400 * np.log10(tournament.bradley_terry(np.array([[0.0, 75.0], [25.0, 0.0]])))
     assert elo[0] - elo[1] == pytest.approx(400 * np.log10(75.5 / 25.5), abs=0.5)  # the half-win prior, then 3:1
@@ -220,7 +228,9 @@ def test_tournament_runs_and_writes_its_tables(checkpoints, tmp_path, capsys):
     record = json.loads((tmp_path / "tournament.json").read_text())
     assert set(record["outcomes"]) == {"m vs random", "random vs m"}
     assert all(len(rows) == 3 for rows in record["outcomes"].values())
-    assert "| **m** |" in (tmp_path / "tournament.md").read_text()
+    md = (tmp_path / "tournament.md").read_text()
+    assert "| **m** |" in md and "wins / draws / losses" in md and (tmp_path / "tournament.png").stat().st_size > 0
+    assert record["commit"] and record["command"].startswith("python results/tournament.py")
     # the IQL checkpoint learned only 'agent': it cannot play the adversary side without @, and one player is too few
     capsys.readouterr()
     code = tournament.main([str(f) for f in [*flags, "--player", f"i={checkpoints / 'iql' / 'last.pt'}", "--random"]])
