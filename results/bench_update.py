@@ -73,7 +73,7 @@ def filled_rollout(algo, m, seed=0):
     hidden = m.initial_hidden({g: pol}, args, args.num_envs, "cpu")
     with torch.no_grad():
         for _ in range(args.num_steps):
-            actions, taken = m.act({g: pol}, obs, "cpu", rng, hidden)
+            actions, taken = m.act({g: pol}, obs, "cpu", hidden)
             values = pol.value(critic_input(obs))[0]
             step = env.step(actions)
             row = dict(obs=obs.obs[g], state=obs.state, **taken[g], values=values, rewards=step.rewards[g],

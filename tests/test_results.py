@@ -8,6 +8,7 @@ so the expected numbers are recomputed here from that formula. Everything writes
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -348,7 +349,8 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     path.write_text(json.dumps(result))
     text = make_readme.generate(out).read_text()
     assert "| `mappo-continuous` (stale) |" in text
-    assert "**Stale: `mappo-continuous`**" in text and "gamma 0.99 → 0.95; options added since: rnn." in text
+    assert "**Stale: `mappo-continuous`**" in text
+    assert re.search(r"gamma 0\.99 → 0\.95; options added since: [a-z_, ]*\brnn\b", text)
     result["per_seed"][0]["command"] = result["per_seed"][0]["command"] + " --no-such-flag"
     path.write_text(json.dumps(result))
     assert "its command no longer parses" in make_readme.generate(out).read_text()
