@@ -643,3 +643,12 @@ def test_a_final_eval_that_is_not_protocol_v2_is_refused_by_name(tmp_path, chang
     with pytest.raises(collect.CollectError, match=message) as error:
         collect.read_final_eval(path)
     assert str(path) in str(error.value)
+
+
+def test_a_tournament_page_is_nested_in_the_readme_with_its_heatmap(tmp_path):
+    (tmp_path / "battle_v4").mkdir()
+    page = "# Tournament on battle_v4\n\n![score matrix](tournament.png)\n"
+    (tmp_path / "battle_v4" / "tournament.md").write_text(page)
+    text = make_readme.generate(tmp_path).read_text()
+    assert "## Tournaments" in text and "### Tournament on battle_v4" in text
+    assert "![score matrix](battle_v4/tournament.png)" in text
