@@ -197,7 +197,7 @@ def main(args):
             for g, rb in buffers.items():
                 rb.compute_td_lambda(value(mfac.agents[g], obs.obs[g], last_means[g], device,
                                            obs.avail_actions.get(g)), args.gamma, args.td_lambda)  # fmt: skip
-                for k, v in update(mfac.agents[g], optimizer, rb, args, device).items():
+                for k, v in update(mfac.agents[g], optimizer, rb, args, device, rng).items():
                     writer.add_scalar(f"losses/{k}" if len(specs) == 1 else f"losses/{k}/{g}", v, global_step)
                 rb.reset()
 
@@ -222,10 +222,10 @@ def rollout_fields(spec):
     return fields
 
 
-def update(agents, optimizer, rb, args, device):
+def update(agents, optimizer, rb, args, device, rng):
     """One actor-critic step on the whole rollout: the actor follows A = Q(o, a, a_mean) - V(o, a_mean), the critic
     regresses Q(o, a, a_mean) on the TD(lambda) returns; dead agents' steps weigh nothing."""
-    mb = to_torch({k: v.reshape(-1, *v.shape[2:]) for k, v in {**rb.data, **rb.targets}.items()}, device)
+    mb = to_torch(next(rb.minibatches(1, rng)), device)  # the whole rollout as one flat batch
     mask = mb["alive"]
     d = agents.policy(mb["obs"], mb.get("avail"))
     q_all = agents.q(mb["obs"], mb["mean"])
