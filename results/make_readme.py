@@ -144,7 +144,8 @@ def as_array(values: list) -> np.ndarray:
 
 FAMILIES = {"mappo": "on-policy (PPO)", "ippo": "on-policy (PPO)", "ppo": "on-policy (PPO)", "maddpg": "DDPG family",
             "matd3": "DDPG family", "iddpg": "DDPG family", "iql": "value-based", "vdn": "value-based",
-            "qmix": "value-based", "wqmix": "value-based", "dqn": "value-based", "drqn": "value-based"}  # fmt: skip
+            "qmix": "value-based", "wqmix": "value-based", "dqn": "value-based", "drqn": "value-based",
+            "masac": "SAC family", "isac": "SAC family"}  # fmt: skip
 BASE_STYLE = "-"
 VARIANT_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # a base's 1st variant '--', 2nd ':', ...
 REFERENCE_STYLE = (0, (8, 4))  # long thin dashes: a published figure, as a horizontal line

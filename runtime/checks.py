@@ -27,7 +27,8 @@ NON_NEGATIVE_INT = (
     "burn_in",
     "seq_len",
 )
-POSITIVE = ("learning_rate", "actor_lr", "critic_lr", "q_lr", "max_grad_norm", "checkpoint_minutes", "clip_coef")
+POSITIVE = ("learning_rate", "actor_lr", "critic_lr", "q_lr", "alpha_lr", "alpha", "max_grad_norm",
+            "checkpoint_minutes", "clip_coef")  # fmt: skip
 NON_NEGATIVE = ("ent_coef", "vf_coef", "huber_delta", "exploration_noise", "policy_noise", "noise_clip",
                 "actor_reg", "target_policy_noise", "target_noise_clip")  # fmt: skip
 UNIT = ("gamma", "gae_lambda", "tau", "prioritized_replay_alpha", "prioritized_replay_beta", "start_e", "end_e",

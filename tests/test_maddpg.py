@@ -1,4 +1,4 @@
-"""algos/maddpg.py, algos/matd3.py and algos/iddpg.py end to end with tiny budgets.
+"""The off-policy actor-critics end to end with tiny budgets: algos/maddpg.py, matd3.py, iddpg.py, masac.py, isac.py.
 
 One smoke run per script, Ctrl-C and one error are subprocesses (a fresh interpreter, the real CLI). The other checks
 execute the same script as ``__main__`` inside the test process (`runpy`): the identical code path, without paying
@@ -19,7 +19,7 @@ import script_runs
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = ["maddpg", "matd3", "iddpg"]
+ALGOS = ["maddpg", "matd3", "iddpg", "masac", "isac"]
 TINY = ["--backend", "pettingzoo", "--num-envs", "2", "--eval-episodes", "2", "--buffer-size", "1000",
         "--batch-size", "16", "--learning-starts", "32", "--train-frequency", "4", "--log-interval", "20",
         "--final-eval-episodes", "4"]  # fmt: skip
@@ -95,6 +95,12 @@ def test_same_seed_same_first_losses_and_another_seed_differs(algo, tmp_path, ca
         # action masks (the env fails on a masked-out action), a unit that dies mid-episode, termination
         ("maddpg", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions", "--critic-state"], []),
         ("matd3", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions", "--share-params"], []),
+        # SAC: categorical with masks and a centralized critic on the state; heterogeneous groups; prioritized
+        ("masac", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions", "--critic-state"], []),
+        ("masac", ["--env", "simple_world_comm_v3", "--no-continuous-actions", "--prioritized"], WORLD_COMM_GROUPS),
+        ("isac", ["--env", "simple_speaker_listener_v4", "--no-share-params", "--prioritized"],
+         ["speaker", "listener"]),
+        ("isac", ["--env", "test_envs:make_scripted_env", "--no-continuous-actions"], []),
     ],
 )  # fmt: skip
 def test_discrete_heterogeneous_prioritized_and_frozen_groups(algo, flags, groups, tmp_path, capsys):

@@ -24,6 +24,8 @@ TINY = {
     "maddpg": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
     "matd3": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
     "iddpg": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
+    "masac": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
+    "isac": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
     "iql": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
     "vdn": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
     "qmix": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],

@@ -1,0 +1,424 @@
+"""ISAC: SAC (Haarnoja et al. 2018, arXiv:1812.05905) for each agent; results: results/simple_spread_v3/isac.json"""
+
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from runtime import (
+    ArgumentError,
+    MultiAgentArgs,
+    Run,
+    check_action_flags,
+    check_args,
+    check_groups,
+    checkpoint_args,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    make_eval_env,
+    setup,
+    sub_state,
+)
+
+ALGO = "isac"
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the Gaussian's log-std range (CleanRL's SAC)
+
+
+@dataclass
+class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
+    continuous_actions: bool = True
+    """continuous (Box) MPE actions: a tanh-squashed Gaussian; --no-continuous-actions: categorical SAC"""
+    save_buffer: bool = True
+    """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
+
+    # --- ISAC (the training cadence of maddpg.py, same flag names; SAC's own settings; same as masac.py) ---
+    buffer_size: int = 100_000
+    """replay capacity in transitions (one step of one env, every agent): maddpg.py's and XuanCe's 100k"""
+    batch_size: int = 256
+    """transitions per update (SAC's and XuanCe's 256)"""
+    learning_starts: int = 25_000
+    """transitions collected with uniformly random actions before the first update"""
+    train_frequency: int = 256
+    """env steps (summed over envs) per round of --gradient-steps updates (maddpg.py's 1 per 256 transitions)"""
+    gradient_steps: int = 1
+    """updates per round"""
+    gamma: float = 0.95
+    """discount (MADDPG's 0.95 for 25-step MPE episodes)"""
+    tau: float = 0.005
+    """soft target-critic update rate (SAC's 0.005)"""
+    actor_lr: float = 1e-3
+    """Adam learning rate of the actors"""
+    critic_lr: float = 1e-3
+    """Adam learning rate of the twin critics"""
+    alpha_lr: float = 1e-3
+    """Adam learning rate of log(alpha), with --autotune"""
+    alpha: float = 0.01
+    """entropy temperature: fixed with --no-autotune, the starting value with --autotune (XuanCe's MASAC: 0.01)"""
+    autotune: bool = True
+    """tune alpha per group toward --target-entropy (SAC v2); --no-autotune keeps --alpha fixed"""
+    target_entropy: float | None = None
+    """entropy each agent's policy is tuned toward; default: -(action dims) for continuous actions (SAC v2), and
+    0.89 log(actions) for discrete ones (CleanRL's discrete SAC)"""
+    max_grad_norm: float = 0.5
+    """gradient-norm clip of each agent's network separately (maddpg.py's 0.5; 0: off)"""
+    hidden_size: int = 64
+    """width of the two hidden layers of every actor and critic (MADDPG's 64)"""
+    share_params: bool = True
+    """one actor and one twin critic per group, fed an agent-id one-hot; --no-share-params: one per agent"""
+    prioritized: bool = False
+    """prioritized replay (Schaul et al. 2016) by the TD error, averaged over the learning agents"""
+    prioritized_replay_alpha: float = 0.6
+    """priority exponent"""
+    prioritized_replay_beta: float = 0.4
+    """initial importance-sampling exponent, annealed linearly to 1 at --total-timesteps"""
+    log_interval: int = 2_000
+    """env steps between TensorBoard points of losses and SPS"""
+
+
+class GroupLinear(nn.Module):
+    """n independent linear layers on n stacked inputs, one batched matmul: (n, B, d_in) -> (n, B, d_out)."""
+
+    def __init__(self, n, d_in, d_out):
+        super().__init__()
+        bound = d_in**-0.5  # nn.Linear's default initialization, layer by layer
+        self.weight = nn.Parameter(torch.empty(n, d_in, d_out).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(n, 1, d_out).uniform_(-bound, bound))
+
+    def forward(self, x):
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class AgentMLPs(nn.Module):
+    """One MLP per agent of a group (or one shared, fed an agent-id one-hot), `copies` times over (twin critics):
+    (A, B, d_in) -> (copies, A, B, d_out), one batched matmul per layer for all of them."""
+
+    def __init__(self, n_agents, d_in, d_out, args, copies=1):
+        super().__init__()
+        self.ids = n_agents if args.share_params and n_agents > 1 else 0
+        self.n, self.copies, h = copies * (1 if args.share_params else n_agents), copies, args.hidden_size
+        self.net = nn.Sequential(GroupLinear(self.n, d_in + self.ids, h), nn.ReLU(), GroupLinear(self.n, h, h),
+                                 nn.ReLU(), GroupLinear(self.n, h, d_out))  # fmt: skip
+
+    def forward(self, x):
+        A, B = x.shape[:2]
+        if self.ids:
+            x = torch.cat([x, torch.eye(A, device=x.device)[:, None].expand(A, B, A)], -1)
+        x = x.expand(self.copies, *x.shape).reshape(self.n, -1, x.shape[-1])  # shared: agents join the batch
+        return self.net(x).view(self.copies, A, B, -1)
+
+
+def squashed_gaussian(mean, log_std, low, high, greedy=False):
+    """A reparameterized sample a = low + (tanh(u) + 1) (high - low) / 2, u ~ N(mean, std), and log pi(a) (..., d)
+    -> (..., d), (...): the Gaussian's log-density minus log |da/du| = log(1 - tanh(u)^2) + log((high - low) / 2).
+    greedy: u = mean."""
+    u = mean if greedy else mean + log_std.exp() * torch.randn_like(mean)
+    log_gauss = -0.5 * ((u - mean) / log_std.exp()).square() - log_std - 0.5 * math.log(2 * math.pi)
+    log_dtanh = 2 * (math.log(2) - u - F.softplus(-2 * u))  # log(1 - tanh(u)^2), stable for large |u|
+    log_prob = (log_gauss - log_dtanh - torch.log((high - low) / 2)).sum(-1)
+    return low + (torch.tanh(u) + 1) * (high - low) / 2, log_prob
+
+
+class Actor(nn.Module):
+    """One group's stochastic policies pi_i(.|o_i) on batch-major observations (B, A, *obs_shape): a tanh-squashed
+    Gaussian into the env's [low, high] (mpe2: [0, 1]), or a categorical over the available actions."""
+
+    def __init__(self, spec, args):
+        super().__init__()
+        self.spec, d = spec, spec.action_dim
+        self.net = AgentMLPs(spec.n_agents, int(np.prod(spec.obs_shape)), d if spec.discrete else 2 * d, args)
+        if not spec.discrete:
+            self.register_buffer("low", torch.as_tensor(spec.action_low))
+            self.register_buffer("high", torch.as_tensor(spec.action_high))
+
+    def policy(self, obs, avail=None):
+        """Discrete: (probs, log_probs), (B, A, n), zero on unavailable actions; continuous: (mean, log_std)."""
+        out = self.net(obs.flatten(2).transpose(0, 1))[0].transpose(0, 1)
+        if self.spec.discrete:
+            log_probs = (out if avail is None else out.masked_fill(avail == 0, -1e9)).log_softmax(-1)
+            return log_probs.exp(), log_probs
+        mean, log_std = out.chunk(2, -1)
+        return mean, LOG_STD_MIN + (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1) / 2
+
+    def sample(self, obs, avail=None, greedy=False):
+        """Actions (B, A, d) (discrete: one-hot) and log pi of them (B, A); continuous: reparameterized, greedy:
+        tanh of the mean; discrete greedy: the most probable action."""
+        if not self.spec.discrete:
+            return squashed_gaussian(*self.policy(obs), self.low, self.high, greedy)
+        probs, log_probs = self.policy(obs, avail)
+        a = probs.argmax(-1) if greedy else torch.multinomial(probs.flatten(0, -2), 1).view(probs.shape[:-1])
+        return F.one_hot(a, self.spec.action_dim).float(), log_probs.gather(-1, a[..., None])[..., 0]
+
+    def uniform(self, obs, avail=None):
+        """Uniformly random actions (B, A, d), for the warm-up."""
+        u = torch.rand(*obs.shape[:2], self.spec.action_dim, device=obs.device)
+        if not self.spec.discrete:
+            return self.low + u * (self.high - self.low)
+        u = u if avail is None else u * avail  # the argmax of uniforms: a uniform choice among available actions
+        return F.one_hot(u.argmax(-1), self.spec.action_dim).float()
+
+
+class Critic(nn.Module):
+    """Per-agent independent twin critics on input rows (A, B, D) -> (2, B, A): Q_i^k(o_i, a_i); discrete actions:
+    (2, B, A, n), Q_i^k(o_i, .) for every own action."""
+
+    def __init__(self, spec, d_in, args):
+        super().__init__()
+        self.discrete = spec.discrete
+        self.net = AgentMLPs(spec.n_agents, d_in, spec.action_dim if spec.discrete else 1, args, copies=2)
+
+    def forward(self, x):
+        q = self.net(x).transpose(1, 2)
+        return q if self.discrete else q[..., 0]
+
+
+def act(actors, obs, device, explore=True, uniform=False):
+    """Every group's actions as env.step takes them: a sample of pi, its mode (greedy), or uniform (warm-up)."""
+    t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)  # noqa: E731
+    actions = {}
+    for g, actor in actors.items():
+        o, avail = t(obs.obs[g]), t(obs.avail_actions[g]) if g in obs.avail_actions else None
+        a = actor.uniform(o, avail) if uniform else actor.sample(o, avail, greedy=not explore)[0]
+        actions[g] = a.argmax(-1).cpu().numpy() if actor.spec.discrete else a.cpu().numpy()
+    return actions
+
+
+def acting(actors, device, greedy=True):
+    """`(num_envs, rng) -> act(obs, done) -> actions`: the policy's mode, or samples of it if not greedy (the
+    evaluations, and a checkpoint playing a group: `actor`)."""
+    return lambda num_envs, rng: lambda obs, done: act(actors, obs, device, explore=not greedy)
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    net = Actor(spec, args).to(device)
+    net.load_state_dict(sub_state(ckpt["nets"]["actors"], f"{group}."))
+    return acting(nn.ModuleDict({group: net}), device, greedy)
+
+
+NETWORK_FLAGS = ("hidden_size", "share_params", "random_groups")  # what the weights depend on
+
+
+def main(args):
+    check_args(args)
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    learners = check_groups(args, env)
+    check_action_flags(args, env)
+    specs = {g: env.groups[g] for g in learners}
+    critic_dims = {g: int(np.prod(s.obs_shape)) + (0 if s.discrete else s.action_dim) for g, s in specs.items()}
+    actors = nn.ModuleDict({g: Actor(spec, args) for g, spec in env.groups.items()}).to(device)
+    critics = nn.ModuleDict({g: Critic(specs[g], critic_dims[g], args) for g in learners}).to(device)
+    critic_targets = copy.deepcopy(critics)
+    # each group's entropy temperature as log(alpha): learned with --autotune, fixed otherwise
+    alphas = nn.ParameterDict({g: nn.Parameter(torch.tensor(math.log(args.alpha)), args.autotune) for g in learners})
+    alphas = alphas.to(device)
+    nets = dict(actors=actors, critics=critics, critic_targets=critic_targets, alphas=alphas)
+    make_greedy = acting(actors, device)  # evaluation: the policy's mode
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+
+    target_entropy = {g: target_entropy_of(env.groups[g], args) for g in learners}
+    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
+    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
+    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
+                                             fused=fused),
+                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
+    if args.autotune:
+        optimizers["alpha"] = torch.optim.Adam(alphas.parameters(), lr=args.alpha_lr)
+    fields = replay_fields(specs)
+    per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
+    rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
+    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
+    learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
+    next_log, losses = global_step + args.log_interval, {}
+    obs = env.reset()
+    with run:
+        while global_step < args.total_timesteps:
+            # ACT: uniformly random until --learning-starts, then a sample of pi(.|o)
+            with torch.no_grad():
+                actions = act(actors, obs, device, uniform=global_step < args.learning_starts)
+            # STEP
+            step = env.step(actions)
+            global_step += args.num_envs
+            # STORE: the next observation is step.final (the pre-reset one where an episode ended)
+            rb.add(**transition(obs, actions, step, learners))
+            run.log_episodes(step.episodes, global_step)
+            obs = step.next
+
+            # UPDATE: --gradient-steps updates per --train-frequency env steps
+            rounds = global_step // args.train_frequency - (global_step - args.num_envs) // args.train_frequency
+            if len(rb) >= learning_starts:
+                beta0 = args.prioritized_replay_beta  # annealed linearly to 1
+                beta = beta0 + (1 - beta0) * min(1, global_step / args.total_timesteps)
+                for _ in range(rounds * args.gradient_steps):
+                    sample = rb.sample(args.batch_size, rng, **({"beta": beta} if args.prioritized else {}))
+                    new_losses, td = update(to_torch(sample, device), nets, optimizers, args, learners, target_entropy)
+                    losses, num_updates = losses | new_losses, num_updates + 1
+                    if args.prioritized:
+                        rb.update_priorities(sample["indices"], td.cpu().numpy())
+
+            # LOG
+            if global_step >= next_log or global_step >= args.total_timesteps:
+                next_log += args.log_interval
+                writer.add_scalar("charts/SPS", run.sps(), global_step)
+                for k, v in losses.items():  # the latest update's: the mean over agents, then per group
+                    writer.add_scalar(f"losses/{k}", v.item(), global_step)
+                if losses and args.prioritized:
+                    writer.add_scalar("charts/beta", beta, global_step)
+            run.step(global_step, num_updates=num_updates)  # EVAL, checkpoints, and where Ctrl-C stops the run
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the ISAC update and the replay declaration ---
+
+
+def target_entropy_of(spec, args):
+    """--target-entropy, or the default for the group's actions: -d (continuous), 0.89 log n (discrete)."""
+    if args.target_entropy is None:
+        return 0.89 * math.log(spec.action_dim) if spec.discrete else -float(spec.action_dim)
+    if spec.discrete and args.target_entropy >= math.log(spec.action_dim):  # alpha would grow without bound
+        raise ArgumentError(f"--target-entropy {args.target_entropy} is out of reach for {spec.name}'s "
+                            f"{spec.action_dim} actions (at most log {spec.action_dim} = "
+                            f"{math.log(spec.action_dim):.3f}): give a smaller one, or drop it")  # fmt: skip
+    return args.target_entropy
+
+
+def soft_values(q, log_probs, alpha, probs=None):
+    """V(s) = E_a~pi[Q(s, a) - alpha log pi(a|s)]: continuous, at the sampled action (q, log_probs (B, A)); discrete,
+    the exact expectation over the own actions (q, log_probs, probs (B, A, n))."""
+    if probs is None:
+        return q - alpha * log_probs
+    return (probs * (q - alpha * log_probs)).sum(-1)
+
+
+def critic_input(obs, actions=None):
+    """The input of a group's critics, (A, B, D): each agent's own observation and (continuous) action, nothing of
+    the others'; discrete actions are no input (the critic gives Q of every own action)."""
+    return (obs.flatten(2) if actions is None else torch.cat([obs.flatten(2), actions], -1)).transpose(0, 1)
+
+
+def optimize(loss, optimizer, nets, max_grad_norm, name):
+    """One optimizer step on `loss`, refused if it is not finite; each agent's network clipped separately."""
+    if not torch.isfinite(loss):  # stop before the weights are poisoned
+        raise FloatingPointError(f"the {name} loss became {loss.item()}; lower --{name}-lr or check the rewards")
+    optimizer.zero_grad()
+    loss.backward()
+    for net in nets if max_grad_norm > 0 else ():  # as if every agent had its own optimizer
+        grads = [p.grad for p in net.parameters()]  # every parameter stacks the n networks on its first dim
+        norms = torch.stack([grad.flatten(1).square().sum(1) for grad in grads]).sum(0).sqrt()  # (n,)
+        scale = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_(grads, [scale.view(-1, *(1,) * (grad.dim() - 1)) for grad in grads])
+    optimizer.step()
+
+
+def soft_update(targets, sources, tau):
+    """theta' <- theta' + tau (theta - theta') for every parameter of every network, in one foreach op."""
+    with torch.no_grad():
+        torch._foreach_lerp_(list(targets.parameters()), list(sources.parameters()), tau)
+
+
+def update(b, nets, optimizers, args, learners, target_entropy):
+    """One ISAC update from a batch-major batch `b`: the twin critics, the actors, the temperatures, the targets."""
+    actors, critics, critic_targets, alphas = nets.values()
+    specs = {g: actors[g].spec for g in learners}
+    weights = b["weights"][:, None] if "weights" in b else 1.0  # prioritized replay's importance weights
+    alpha = {g: alphas[g].detach().exp() for g in learners}
+    own = lambda g, a: None if specs[g].discrete else a  # noqa: E731  (discrete: Q of every own action)
+
+    # TARGETS: y_i = r_i + gamma (1 - terminated_i) E_a'~pi[min_k Q'^k_i(o'_i, a'_i) - alpha log pi_i(a'_i|o'_i)],
+    # a'_i sampled from the current policy (no target actor in SAC); discrete: exact over a'_i; truncation bootstraps
+    with torch.no_grad():
+        targets = {}
+        for g in learners:
+            o, avail = b[f"next_obs_{g}"], b.get(f"next_avail_{g}")
+            if specs[g].discrete:
+                probs, log_probs = actors[g].policy(o, avail)
+                v_next = soft_values(critic_targets[g](critic_input(o)).min(0).values, log_probs, alpha[g], probs)
+            else:
+                a, log_prob = actors[g].sample(o, avail)
+                v_next = soft_values(critic_targets[g](critic_input(o, a)).min(0).values, log_prob, alpha[g])
+            targets[g] = b[f"rewards_{g}"] + args.gamma * (1 - b[f"terminated_{g}"]) * v_next
+
+    # UPDATE critics: squared TD errors of both twins of every learning agent (alive at the step), summed
+    qf_losses, q_values, td = {}, {}, 0.0
+    for g in learners:
+        q = critics[g](critic_input(b[f"obs_{g}"], own(g, b[f"actions_{g}"])))  # (2, B, A[, n])
+        if specs[g].discrete:
+            q = q.gather(-1, b[f"actions_{g}"].expand(2, *b[f"actions_{g}"].shape)[..., None])[..., 0]
+        err = (q - targets[g]) * b[f"agent_mask_{g}"]
+        qf_losses[g], q_values[g] = (weights * err**2).mean(1).sum(0), q[0].detach().mean(0)  # per agent: (A,)
+        td = td + err[0].detach().abs().sum(1)
+    qf_loss = torch.cat(list(qf_losses.values())).sum()
+    optimize(qf_loss, optimizers["critic"], critics.values(), args.max_grad_norm, "critic")
+
+    # UPDATE actors: minimize E[alpha log pi_i(a_i|o_i) - min_k Q_i^k(o_i, a_i)]; continuous: a_i reparameterized;
+    # discrete: the exact expectation over a_i
+    actor_losses, entropies = {}, {}
+    critics.requires_grad_(False)
+    for g in learners:
+        obs, avail, mask = b[f"obs_{g}"], b.get(f"avail_{g}"), b[f"agent_mask_{g}"]
+        if specs[g].discrete:
+            probs, log_probs = actors[g].policy(obs, avail)
+            q = critics[g](critic_input(obs)).min(0).values
+            loss = (probs * (alpha[g] * log_probs - q)).sum(-1)
+            entropies[g] = -(probs * log_probs).sum(-1).detach()
+        else:
+            a, log_prob = actors[g].sample(obs)
+            q = critics[g](critic_input(obs, a)).min(0).values
+            loss, entropies[g] = alpha[g] * log_prob - q, -log_prob.detach()
+        actor_losses[g] = (loss * mask).mean(0)
+    critics.requires_grad_(True)
+    actor_loss = torch.cat(list(actor_losses.values())).sum()
+    optimize(actor_loss, optimizers["actor"], [actors[g] for g in learners], args.max_grad_norm, "actor")
+
+    # UPDATE alpha: descend log(alpha) (H - target) per group, so alpha grows while the entropy H is below target
+    if args.autotune:
+        alpha_loss = sum(alphas[g] * ((entropies[g] - target_entropy[g]) * b[f"agent_mask_{g}"]).sum()
+                         / b[f"agent_mask_{g}"].sum().clamp(min=1) for g in learners)  # fmt: skip
+        optimize(alpha_loss, optimizers["alpha"], (), 0, "alpha")
+    soft_update(critic_targets, critics, args.tau)
+    per_agent = {"qf_loss": qf_losses, "actor_loss": actor_losses, "q_values": q_values,
+                 "entropy": {g: entropies[g].mean(0) for g in learners}}  # fmt: skip  # key -> g -> (A_g,)
+    losses = {k: torch.cat(list(v.values())).detach().mean() for k, v in per_agent.items()}  # mean over agents
+    losses["alpha"] = torch.stack(list(alpha.values())).mean()
+    if len(learners) > 1:
+        losses |= {f"{k}/{g}": x.detach().mean() for k, v in per_agent.items() for g, x in v.items()}
+        losses |= {f"alpha/{g}": a for g, a in alpha.items()}
+    return losses, td / sum(specs[g].n_agents for g in learners)
+
+
+def replay_fields(groups):
+    """One transition of every learning agent, declared once: name -> (per-env shape, dtype)."""
+    fields = {}
+    for g, s in groups.items():
+        A, obs = s.n_agents, ((s.n_agents, *s.obs_shape), np.float32)
+        action = ((A,), np.int64) if s.discrete else ((A, s.action_dim), np.float32)
+        fields |= {f"obs_{g}": obs, f"next_obs_{g}": obs, f"actions_{g}": action, f"rewards_{g}": ((A,), np.float32),
+                   f"terminated_{g}": ((A,), np.bool_), f"agent_mask_{g}": ((A,), np.bool_)}  # fmt: skip
+        if s.has_action_mask:
+            fields |= {f"{k}_{g}": ((A, s.action_dim), np.bool_) for k in ("avail", "next_avail")}
+    return fields
+
+
+def transition(obs, actions, step, learners):
+    """One step of every env as the fields above: the next observation is step.final's (pre-reset where an episode
+    ended), and rewards/terminated are per agent, truncation being no field: only termination stops the bootstrap."""
+    final = step.final
+    sources = dict(obs=obs.obs, next_obs=final.obs, actions=actions, rewards=step.rewards, terminated=step.terminated,
+                   agent_mask=obs.agent_mask, avail=obs.avail_actions, next_avail=final.avail_actions)  # fmt: skip
+    return {f"{k}_{g}": v[g] for k, v in sources.items() for g in learners if g in v}
+
+
+if __name__ == "__main__":
+    cli(Args, main)
