@@ -80,6 +80,16 @@ PHASES["coma"] = {
     ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 16 envs)",
     ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
 }
+for _algo in ("masac", "isac"):
+    PHASES[_algo] = {
+        ("update", f"algos/{_algo}.py"): "updates (twin critics, actors, temperatures, backward, Adam, soft target "
+        "update)",
+        ("sample", "buffers/replay.py"): "sampling the batch (ReplayBuffer.sample)",
+        ("act", f"algos/{_algo}.py"): "acting (actor forward, sampling the squashed Gaussian)",
+        ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+        ("add", "buffers/replay.py"): "storing the step (ReplayBuffer.add)",
+        ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
+    }
 SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
 # published variants (results/<env>/<algo>-<variant>.json) timed too, on the Numba MPE: their flags
 VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
@@ -134,7 +144,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=320_000, help="env steps per Numba-MPE run")
     parser.add_argument("--pz-steps", type=int, default=64_000, help="env steps per mpe2 (PettingZoo) run")
-    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg,iql,vdn,qmix,wqmix,coma,vdac",
+    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,vdn,qmix,wqmix,coma,vdac",
                         help="comma-separated scripts")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--name", default="train", help="file names of the report: <out>/<name>.md and .json")
