@@ -95,13 +95,15 @@ SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes 
 VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
 
 
-def sps(algo, backend, steps, threads, workdir, vector="sync", extra=""):
-    run_dir = Path(workdir) / f"{algo}_{backend}_{vector}_{threads}{extra.replace(' ', '').replace('-', '_')}"
+def sps(algo, backend, steps, threads, workdir, vector="sync", extra="", env=None, tag=""):
+    """env-steps/s of one training run of algos/<algo>.py (its last SPS point) and the command; `env`: the process's
+    environment variables (default: this one's)."""
+    run_dir = Path(workdir) / f"{algo}_{backend}_{vector}_{threads}{extra.replace(' ', '').replace('-', '_')}{tag}"
     flags = f"--backend {backend} --total-timesteps {steps} --eval-interval 0 --eval-episodes 1 --final-eval-episodes 0"
     flags += f" --torch-threads {threads}"
     flags += f" --vector {vector}" * (vector != "sync") + f" {extra}" * bool(extra)
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *flags.split(), "--run-dir", str(run_dir)]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, env=env)
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return acc.Scalars("charts/SPS")[-1].value, " ".join(cmd[1:]).replace(str(ROOT) + "/", "")
