@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
 from runtime import (
     MultiAgentArgs,
     Run,
@@ -211,7 +211,7 @@ def main(args):
     optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
                                              fused=fused),
                       critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
-    fields = replay_fields({g: env.groups[g] for g in learners})
+    fields = joint_fields(env.groups)
     per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
     rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
     run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
@@ -228,7 +228,7 @@ def main(args):
             step = env.step(actions)
             global_step += args.num_envs
             # STORE: the next observation is step.final (the pre-reset one where an episode ended)
-            rb.add(**transition(obs, actions, step, learners))
+            rb.add(**joint_transition(obs, actions, step, env.groups))
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 
@@ -257,7 +257,7 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: the IDDPG update and the replay declaration ---
+# --- what the loop calls: the IDDPG update ---
 
 
 def critic_input(obs, actions):
@@ -331,28 +331,6 @@ def update(b, nets, optimizers, args, learners):
     if len(learners) > 1:
         losses |= {f"{k}/{g}": x.detach().mean() for k, v in per_agent.items() for g, x in v.items()}
     return losses, td / sum(actors[g].spec.n_agents for g in learners)
-
-
-def replay_fields(groups):
-    """One transition of every learning agent, declared once: name -> (per-env shape, dtype)."""
-    fields = {}
-    for g, s in groups.items():
-        A, obs = s.n_agents, ((s.n_agents, *s.obs_shape), np.float32)
-        action = ((A,), np.int64) if s.discrete else ((A, s.action_dim), np.float32)
-        fields |= {f"obs_{g}": obs, f"next_obs_{g}": obs, f"actions_{g}": action, f"rewards_{g}": ((A,), np.float32),
-                   f"terminated_{g}": ((A,), np.bool_), f"agent_mask_{g}": ((A,), np.bool_)}  # fmt: skip
-        if s.has_action_mask:
-            fields |= {f"{k}_{g}": ((A, s.action_dim), np.bool_) for k in ("avail", "next_avail")}
-    return fields
-
-
-def transition(obs, actions, step, learners):
-    """One step of every env as the fields above: the next observation is step.final's (pre-reset where an episode
-    ended), and rewards/terminated are per agent, truncation being no field: only termination stops the bootstrap."""
-    final = step.final
-    sources = dict(obs=obs.obs, next_obs=final.obs, actions=actions, rewards=step.rewards, terminated=step.terminated,
-                   agent_mask=obs.agent_mask, avail=obs.avail_actions, next_avail=final.avail_actions)  # fmt: skip
-    return {f"{k}_{g}": v[g] for k, v in sources.items() for g in learners if g in v}
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
 from runtime import (
     MultiAgentArgs,
     Run,
@@ -215,7 +215,7 @@ def main(args):
     optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
                                              fused=fused),
                       critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
-    fields = replay_fields(env.groups, env.state_shape, args)
+    fields = joint_fields(env.groups, env.state_shape if args.critic_state else None)
     per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
     rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
     run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
@@ -232,7 +232,7 @@ def main(args):
             step = env.step(actions)
             global_step += args.num_envs
             # STORE: the next observation is step.final (the pre-reset one where an episode ended)
-            rb.add(**transition(obs, actions, step, args))
+            rb.add(**joint_transition(obs, actions, step, env.groups, args.critic_state))
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 
@@ -261,7 +261,7 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: the MADDPG update and the replay declaration ---
+# --- what the loop calls: the MADDPG update ---
 
 
 def critic_input(x_obs, actions, n_agents, g=None, own=None):
@@ -351,31 +351,6 @@ def update(b, nets, optimizers, args, learners):
     if len(learners) > 1:
         losses |= {f"{k}/{g}": x.detach().mean() for k, v in per_agent.items() for g, x in v.items()}
     return losses, td / sum(sizes[g] for g in learners)
-
-
-def replay_fields(groups, state_shape, args):
-    """One joint transition of every agent, declared once: name -> (per-env shape, dtype)."""
-    fields = {}
-    for g, s in groups.items():
-        A, obs = s.n_agents, ((s.n_agents, *s.obs_shape), np.float32)
-        action = ((A,), np.int64) if s.discrete else ((A, s.action_dim), np.float32)
-        fields |= {f"obs_{g}": obs, f"next_obs_{g}": obs, f"actions_{g}": action, f"rewards_{g}": ((A,), np.float32),
-                   f"terminated_{g}": ((A,), np.bool_), f"agent_mask_{g}": ((A,), np.bool_)}  # fmt: skip
-        if s.has_action_mask:
-            fields |= {f"{k}_{g}": ((A, s.action_dim), np.bool_) for k in ("avail", "next_avail")}
-    if args.critic_state:
-        fields |= {"state": (state_shape, np.float32), "next_state": (state_shape, np.float32)}
-    return fields
-
-
-def transition(obs, actions, step, args):
-    """One step of every env as the fields above: the next observation is step.final's (pre-reset where an episode
-    ended), and rewards/terminated are per agent, truncation being no field: only termination stops the bootstrap."""
-    final = step.final
-    sources = dict(obs=obs.obs, next_obs=final.obs, actions=actions, rewards=step.rewards, terminated=step.terminated,
-                   agent_mask=obs.agent_mask, avail=obs.avail_actions, next_avail=final.avail_actions)  # fmt: skip
-    out = {f"{k}_{g}": v[g] for k, v in sources.items() for g in v}
-    return out | ({"state": obs.state, "next_state": final.state} if args.critic_state else {})
 
 
 if __name__ == "__main__":

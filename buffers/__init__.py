@@ -15,7 +15,7 @@ except ImportError as e:  # no silent fallback to a slow tree
 
 from buffers import kernels, reference
 from buffers.episode import EpisodeReplayBuffer
-from buffers.replay import Priorities, PrioritizedReplayBuffer, ReplayBuffer
+from buffers.replay import Priorities, PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition
 from buffers.rollout import RolloutBuffer
 from buffers.schema import BufferInputError, Schema, to_torch
 from buffers.snapshot import Snapshot
@@ -32,6 +32,8 @@ __all__ = [
     "ReplayBuffer",
     "PrioritizedReplayBuffer",
     "Priorities",
+    "joint_fields",
+    "joint_transition",
     "EpisodeReplayBuffer",
     "Snapshot",
 ]

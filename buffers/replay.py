@@ -13,7 +13,43 @@ from buffers.schema import BufferInputError, Schema
 from buffers.segment_tree import MinTree, SumTree
 from buffers.snapshot import Snapshot
 
-__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "Priorities"]
+__all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "Priorities", "joint_fields", "joint_transition"]
+
+
+def joint_fields(groups, state_shape=None):
+    """The schema of one joint multi-agent transition, as the off-policy actor-critics store it.
+
+    For every group ``g`` of ``groups`` (name -> ``envs.api.GroupSpec``), with ``A`` its agents: ``obs_g`` and
+    ``next_obs_g`` ``(A, *obs_shape)``; ``actions_g``, ``(A,)`` indices or ``(A, action_dim)`` vectors for
+    continuous actions; ``rewards_g``, ``terminated_g`` and ``agent_mask_g`` ``(A,)``; with action masks,
+    ``avail_g`` and ``next_avail_g`` ``(A, action_dim)``. With ``state_shape``, ``state`` and ``next_state``.
+    Truncation is no field: only termination stops a bootstrap.
+    """
+    fields = {}
+    for g, s in groups.items():
+        A, obs = s.n_agents, ((s.n_agents, *s.obs_shape), np.float32)
+        action = ((A,), np.int64) if s.discrete else ((A, s.action_dim), np.float32)
+        fields |= {f"obs_{g}": obs, f"next_obs_{g}": obs, f"actions_{g}": action, f"rewards_{g}": ((A,), np.float32),
+                   f"terminated_{g}": ((A,), np.bool_), f"agent_mask_{g}": ((A,), np.bool_)}  # fmt: skip
+        if s.has_action_mask:
+            fields |= {f"{k}_{g}": ((A, s.action_dim), np.bool_) for k in ("avail", "next_avail")}
+    if state_shape is not None:
+        fields |= {"state": (state_shape, np.float32), "next_state": (state_shape, np.float32)}
+    return fields
+
+
+def joint_transition(obs, actions, step, groups, state=False):
+    """One step of every env as :func:`joint_fields` declares it, for ``ReplayBuffer.add(**...)``.
+
+    ``obs`` is the ``Observation`` acted on, ``actions`` the actions sent (group -> array), ``step`` the
+    ``StepResult``. The next observation is ``step.final``'s: the pre-reset one where an episode ended, never the
+    first observation of the next episode. ``state``: also the global state and the next one.
+    """
+    final = step.final
+    sources = dict(obs=obs.obs, next_obs=final.obs, actions=actions, rewards=step.rewards, terminated=step.terminated,
+                   agent_mask=obs.agent_mask, avail=obs.avail_actions, next_avail=final.avail_actions)  # fmt: skip
+    out = {f"{k}_{g}": v[g] for k, v in sources.items() for g in groups if g in v}
+    return out | ({"state": obs.state, "next_state": final.state} if state else {})
 
 
 class ReplayBuffer(Snapshot):

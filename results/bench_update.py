@@ -39,7 +39,7 @@ from bench_train import _cpu
 from torch.profiler import ProfilerActivity, profile
 
 import envs
-from buffers import ReplayBuffer, RolloutBuffer, to_torch
+from buffers import ReplayBuffer, RolloutBuffer, joint_fields, joint_transition, to_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -97,12 +97,11 @@ def filled_replay(algo, m, train_frequency, batch_size=256, seed=0):
     actors = torch.nn.ModuleDict({g: m.Actor(spec, args) for g, spec in groups.items()})
     if algo == "iddpg":  # each agent's critic on its own observation and action
         dims = {g: int(np.prod(s.obs_shape)) + s.action_dim for g, s in groups.items()}
-        fields = m.replay_fields(groups)
     else:  # centralized critics on every observation and every action
         obs_dim = sum(s.n_agents * int(np.prod(s.obs_shape)) for s in groups.values())
         dims = dict.fromkeys(groups, obs_dim + sum(s.n_agents * s.action_dim for s in groups.values()))
-        fields = m.replay_fields(groups, env.state_shape, args)
     critics = torch.nn.ModuleDict({g: m.Critic(groups[g], dims[g], args) for g in learners})
+    fields = joint_fields(groups)  # the state is no field at the defaults (--critic-state off)
     nets = dict(actors=actors, critics=critics, actor_targets=copy.deepcopy(actors),
                 critic_targets=copy.deepcopy(critics))  # fmt: skip
     optimizers = dict(actor=torch.optim.Adam(actors.parameters(), lr=args.actor_lr, fused=True),
@@ -111,7 +110,7 @@ def filled_replay(algo, m, train_frequency, batch_size=256, seed=0):
     while len(rb) < args.learning_starts:
         actions = m.act(actors, obs, "cpu", args, uniform=True)
         step = env.step(actions)
-        rb.add(**m.transition(obs, actions, step, learners if algo == "iddpg" else args))
+        rb.add(**joint_transition(obs, actions, step, groups))
         obs = step.next
     env.close()
     per_call = getattr(args, "policy_frequency", 1)  # MATD3: a full cycle of critic-only and actor updates

@@ -12,6 +12,8 @@ from buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
     RolloutBuffer,
+    joint_fields,
+    joint_transition,
     kernels,
     reference,
     to_torch,
@@ -181,6 +183,32 @@ def test_replay_next_obs_at_truncation_is_the_final_observation():
     ended = batch["truncated"]
     assert ended.sum() == 2 * E
     np.testing.assert_array_equal(batch["next_obs"][ended, 3], 1000)  # not the next episode's first obs
+
+
+@pytest.mark.parametrize("env_id, kwargs", [("simple_speaker_listener_v4", {}),
+                                            ("simple_adversary_v3", {"continuous_actions": True})])  # fmt: skip
+def test_joint_transitions_of_a_real_env_store_every_group_and_the_final_observation(env_id, kwargs):
+    import envs
+
+    env = envs.make(env_id, 2, 0, backend="pettingzoo", max_cycles=5, **kwargs)
+    rb, obs = ReplayBuffer(100, 2, joint_fields(env.groups, env.state_shape)), env.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        actions = {g: rng.integers(0, s.action_dim, (2, s.n_agents)) if s.discrete
+                   else rng.random((2, s.n_agents, s.action_dim), dtype=np.float32)
+                   for g, s in env.groups.items()}  # fmt: skip
+        step = env.step(actions)
+        rb.add(**joint_transition(obs, actions, step, env.groups, state=True))
+        obs = step.next
+    env.close()
+    batch = rb.gather(np.arange(len(rb)))
+    for g, s in env.groups.items():
+        assert batch[f"obs_{g}"].shape == (10, s.n_agents, *s.obs_shape)
+        np.testing.assert_array_equal(batch[f"actions_{g}"][-2:], actions[g])
+        # the last step truncated: its next observation is the final one, not the first of the next episode
+        np.testing.assert_array_equal(batch[f"next_obs_{g}"][-2:], step.final.obs[g])
+        assert not np.array_equal(step.final.obs[g], step.next.obs[g])
+    np.testing.assert_array_equal(batch["next_state"][-2:], step.final.state)
 
 
 def test_replay_uniform_sample_and_errors():
