@@ -441,6 +441,10 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], fin
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
+        pages = sorted(p.name for p in (Path(out) / env_id).glob("*.md") if p.name != "tournament.md")
+        if pages:  # tuning screens and diagnoses written beside the results: linked, not nested
+            links = ", ".join(f"[{env_id}/{name}]({env_id}/{name})" for name in pages)
+            lines += [f"Notes on {env_id} (screens and diagnoses, single seeds, not results): {links}.", ""]
     tournaments = sorted(Path(out).glob("*/tournament.md"))
     if tournaments:  # results/tournament.py: its page, nested, with its heatmap's path from here
         lines += ["## Tournaments", ""]

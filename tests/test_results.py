@@ -645,6 +645,16 @@ def test_a_final_eval_that_is_not_protocol_v2_is_refused_by_name(tmp_path, chang
     assert str(path) in str(error.value)
 
 
+def test_notes_beside_an_envs_results_are_linked_from_its_section(tmp_path):
+    (tmp_path / "simple_spread_v3").mkdir()
+    for name in ("tuning.md", "tournament.md"):
+        (tmp_path / "simple_spread_v3" / name).write_text("# a page\n")
+    text = make_readme.generate(tmp_path).read_text()
+    section = text[text.index("## simple_spread_v3") :]
+    assert "[simple_spread_v3/tuning.md](simple_spread_v3/tuning.md)" in section.split("\n## ")[0]
+    assert "](simple_spread_v3/tournament.md)" not in section.split("## Tournaments")[0]  # nested there instead
+
+
 def test_a_tournament_page_is_nested_in_the_readme_with_its_heatmap(tmp_path):
     (tmp_path / "battle_v4").mkdir()
     page = "# Tournament on battle_v4\n\n![score matrix](tournament.png)\n"
