@@ -2,12 +2,13 @@
 
     python results/bench_malloc.py            # writes results/speed/malloc.md and malloc.json
 
-By default glibc serves a block above its mmap threshold (128 kB, raised on the fly up to 32 MB) with a fresh mmap and
-hands it back to the OS on free, so a tensor of a few MB that an update allocates and frees every step is page-faulted
-in again every time (results/speed/coma_baseline.md found it: a batched pass slower than a per-agent loop). Setting
-MALLOC_MMAP_THRESHOLD_ keeps such blocks in the heap for reuse. This runs each script on the Numba MPE with one torch
-thread, with and without that setting, interleaved (default, kept, default, kept, ...), and reports the median SPS
-of each and their ratio. The learning is the same bit for bit: only where memory comes from changes.
+By default glibc serves a block above its mmap threshold (128 kB, raised on the fly up to 32 MB as blocks are freed)
+with a fresh mmap and hands it back to the OS on free, so a tensor of a few MB can be page-faulted in again on every
+allocation (results/speed/coma_baseline.md measures it in a micro-benchmark: a batched pass slower than a per-agent
+loop). Setting MALLOC_MMAP_THRESHOLD_ keeps such blocks in the heap for reuse. Whether that matters in training is
+what this measures: each script on the Numba MPE with one torch thread, with and without that setting, interleaved
+(default, kept, default, kept, ...), the median SPS of each and their ratio. The learning is the same bit for bit:
+only where memory comes from changes.
 """
 
 import argparse
