@@ -366,9 +366,11 @@ def update(b, nets, optimizers, args, learners, target_entropy):
         for g in learners:
             x = critic_input(x_next, next_actions, sizes[g], g, own(g, next_actions[g]))
             q_next = critic_targets[g](x).min(0).values
-            probs, log_probs = actors[g].policy(b[f"next_obs_{g}"], b.get(f"next_avail_{g}"))
-            v_next = (soft_values(q_next, log_probs, alpha[g], probs) if specs[g].discrete
-                      else soft_values(q_next, next_log_probs[g], alpha[g]))  # fmt: skip
+            if specs[g].discrete:  # the expectation over the own action needs the whole distribution
+                probs, log_probs = actors[g].policy(b[f"next_obs_{g}"], b.get(f"next_avail_{g}"))
+                v_next = soft_values(q_next, log_probs, alpha[g], probs)
+            else:
+                v_next = soft_values(q_next, next_log_probs[g], alpha[g])
             targets[g] = b[f"rewards_{g}"] + args.gamma * (1 - b[f"terminated_{g}"]) * v_next
 
     # UPDATE critics: squared TD errors of both twins of every learning agent (alive at the step), summed
