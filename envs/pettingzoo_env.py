@@ -32,6 +32,7 @@ Conventions (see also `envs/api.py`):
 import dataclasses
 import math
 import re
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -278,14 +279,42 @@ class StepArrays:
         )
 
 
-def _copy_observation(o: Observation) -> Observation:
+def _copy_observation(o: Observation, pool: "ArrayPool | None" = None) -> Observation:
+    copy = np.copy if pool is None else pool.copy
     return Observation(
-        obs={g: a.copy() for g, a in o.obs.items()},
-        state=o.state.copy(),
+        obs={g: copy(a) for g, a in o.obs.items()},
+        state=copy(o.state),
         agent_mask={g: a.copy() for g, a in o.agent_mask.items()},
         avail_actions={g: a.copy() for g, a in o.avail_actions.items()},
         positions={g: a.copy() for g, a in o.positions.items()},
     )
+
+
+class ArrayPool:
+    """Copies that reuse the arrays of earlier copies that nobody holds any more.
+
+    A vector env hands out copies of its buffers, so results outlive the next step. A fresh copy of a large array
+    (MAgent2's battle: 81 views of 13 x 13 x 5 floats per team, 274 kB) is a new allocation that glibc serves with
+    mmap and frees with munmap, so every step pays page faults on it: that cost the native battle path more than
+    the engine itself (results/speed/envs.md). An array that only this pool references (no result, view, tensor or
+    buffer holds it: each of those counts in its reference count) can take the next copy instead. Results never
+    change under anyone who holds them.
+    """
+
+    def __init__(self, per_shape: int = 4):
+        self.per_shape = per_shape
+        self._arrays: dict[tuple, list[np.ndarray]] = {}
+
+    def copy(self, a: np.ndarray) -> np.ndarray:
+        arrays = self._arrays.setdefault((a.shape, a.dtype.str), [])
+        for out in arrays:
+            if sys.getrefcount(out) == 3:  # the pool's list, `out` and getrefcount's argument: free
+                np.copyto(out, a)
+                return out
+        out = a.copy()
+        if len(arrays) < self.per_shape:  # a caller that keeps every result gets plain copies past this
+            arrays.append(out)
+        return out
 
 
 class EnvRunner:
@@ -528,6 +557,7 @@ class PettingZooVecEnv(VecEnv):
         self.render_fps = spec.render_fps
         self.seed = seed
         self._buffers = buffers
+        self._pool = ArrayPool()  # the results' observations, recycled once nobody holds them
         self._needs_reset = True
         self._closed = False
 
@@ -543,7 +573,7 @@ class PettingZooVecEnv(VecEnv):
             raise RuntimeError("the vector env is closed")
         self._reset_envs(self.seed if seed is None else seed)
         self._needs_reset = False
-        return _copy_observation(self._buffers.next)
+        return _copy_observation(self._buffers.next, self._pool)
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         """Step every env; finished envs are reset and their last observation goes to `final`.
@@ -559,7 +589,7 @@ class PettingZooVecEnv(VecEnv):
         self._write_actions(actions)
         episodes = self._step_envs()
         b = self._buffers
-        next_obs = _copy_observation(b.next)
+        next_obs = _copy_observation(b.next, self._pool)
         final = next_obs
         if episodes:  # an env finished: its row of `final` is its last observation, not `next`
             done = b.done
