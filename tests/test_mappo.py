@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +219,27 @@ def test_nan_loss_keeps_the_last_sound_checkpoint_and_resumes_with_a_lower_learn
     assert max(v.abs().max().item() for v in ckpt["nets"]["agent"].values()) < 10
     run(algo, "--total-timesteps", 200, "--eval-interval", 0, "--learning-rate", 7e-4, "--resume", tmp_path)
     assert torch.load(tmp_path / "last.pt", weights_only=True)["global_step"] == 200 and (tmp_path / "DONE").exists()
+
+
+@pytest.mark.parametrize("feature_norm", [True, False])
+@pytest.mark.parametrize("rnn", [False, True])
+def test_critic_takes_the_state_once_and_equals_the_per_agent_input(feature_norm, rnn):
+    """mappo's shared critic on [state, one-hot id] for every agent, computed from the state once, equals the critic
+    on the (B, A, S + A) input built per agent, with non-trivial LayerNorm weights and hidden states."""
+    from runtime.opponents import script_module
+
+    mappo = script_module("mappo")
+    torch.manual_seed(0)
+    spec = types.SimpleNamespace(name="agent", n_agents=5, obs_shape=(6,), action_dim=4, discrete=True)
+    args = mappo.Args(feature_norm=feature_norm, rnn=rnn, hidden_size=16)
+    pol = mappo.Policy(spec, 11, args)
+    with torch.no_grad():
+        for p in pol.critic.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # LayerNorm's weight and bias away from 1 and 0
+    state = 2.0 * torch.randn(7, 11) + 0.5
+    hx = torch.randn(7, 5, 16) if rnn else None
+    fast, h_fast = pol.critic_values(state, hx)
+    plain, h_plain = pol.critic(pol._with_id(state.unsqueeze(1).expand(-1, 5, -1)), hx)
+    torch.testing.assert_close(fast, plain.squeeze(-1), rtol=1e-5, atol=1e-5)
+    if rnn:
+        torch.testing.assert_close(h_fast, h_plain, rtol=1e-5, atol=1e-5)
