@@ -110,9 +110,9 @@ def markdown(report):
             lines += [
                 f"{algo} with every allocation from glibc's heap (`--heap`): **{heap['sps'] / default['sps']:.1f}x** "
                 f"the env-steps/s of glibc's default, at {heap['peak_rss_gib'] / default['peak_rss_gib']:.2f}x its "
-                "peak memory. Only where memory comes from changes: the losses are the same bit for bit (two 64,000-step "
-                "simple_spread_v3 runs of mappo.py, one with the setting, by results/compare_losses.py). At MPE's "
-                "batch sizes the same kind of setting changed nothing (speed/malloc.md).",
+                "peak memory. Only where memory comes from changes: the losses are the same bit for bit (two "
+                "64,000-step simple_spread_v3 runs of mappo.py, one with the setting, by results/compare_losses.py). "
+                "At MPE's batch sizes the same kind of setting changed nothing (speed/malloc.md).",
                 "",
             ]
     return "\n".join(lines)
