@@ -122,10 +122,9 @@ class Net(nn.Module):
         return self.trunk(self.fc(self.norm(x)), hx)
 
     def trunk(self, x, hx=None):  # the rest, from the first layer's output (B, A, h)
-        x = torch.relu(x)
         if hx is None:
-            return self.head(torch.relu(self.mid(x))), None
-        hx = self.mid(x, hx)
+            return self.head(torch.relu(self.mid(torch.relu(x)))), None
+        hx = self.mid(torch.relu(x), hx)
         return self.head(hx), hx
 
 
@@ -182,29 +181,12 @@ class Policy(nn.Module):
         return Categorical(logits=out, validate_args=False)
 
     def critic_values(self, state, hx=None):  # (B, *S) -> normalized V per agent (B, A), next hidden state
-        s = state.flatten(1)
-        if self.with_id:  # critic([s, one-hot id]) for every agent, without building that (B, A, S + A) input
-            v, hx = self.critic.trunk(self.state_id_layer(s), hx)
+        s = state.flatten(1)  # every agent sees the state (with its id: through the first layer once, not A times)
+        if self.with_id:
+            v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx)
         else:
-            v, hx = self.critic(s.unsqueeze(1).expand(-1, self.spec.n_agents, -1), hx)  # every agent sees the state
+            v, hx = self.critic(s.unsqueeze(1).expand(-1, self.spec.n_agents, -1), hx)
         return v.squeeze(-1), hx
-
-    def state_id_layer(self, s):  # (B, S) -> the critic's first layer on [s, one-hot id] of every agent (B, A, h)
-        """The state's part of the product is the same for every agent and the id's part is one weight row, so the
-        state goes through the layer once, not once per agent (battle_v4: 81 agents, S = 10,125). [LayerNorm:] each
-        agent's input holds the state, one 1 and A - 1 zeros, so its mean and variance are the same for all."""
-        A, S = self.spec.n_agents, s.shape[1]
-        w, b = self.critic.fc.weight[0], self.critic.fc.bias[0]  # one shared network (with_id): (S + A, h), (1, h)
-        w_s, w_id = w[:S], w[S:]
-        norm = self.critic.norm
-        if isinstance(norm, nn.Identity):
-            return (s @ w_s + b).unsqueeze(1) + w_id
-        mean = (s.sum(1, keepdim=True) + 1) / (S + A)  # (B, 1)
-        var = ((s - mean).square().sum(1, keepdim=True) + (1 - mean) ** 2 + (A - 1) * mean**2) / (S + A)
-        inv = torch.rsqrt(var + norm.eps)
-        g_s, g_id, b_s, b_id = norm.weight[:S], norm.weight[S:], norm.bias[:S], norm.bias[S:]
-        shared = ((s - mean) * inv * g_s + b_s) @ w_s + (-mean * inv * g_id + b_id) @ w_id + b  # (B, h)
-        return shared.unsqueeze(1) + inv.unsqueeze(-1) * (g_id.unsqueeze(1) * w_id)  # + agent a's id: row a
 
     def value(self, state, hx=None):  # V in return units (numpy) and the next hidden state
         v, hx = self.critic_values(state, hx)
@@ -236,10 +218,7 @@ def reset_finished(hidden, done, device):  # zero the hidden states of the envs 
 
 def act(policies, obs, device, hidden, greedy=False):
     """Actions of every group (numpy, what env.step takes) and what the buffer stores: the sampled actions
-    (Gaussian samples before clipping to the Box) and their log-probabilities.
-
-    `hidden` (group -> the actors' hidden states, or None) is advanced in place.
-    """
+    (Gaussian samples before clipping to the Box) and their log-probabilities. `hidden` is advanced in place."""
     actions, taken = {}, {}
     for g, pol in policies.items():
         spec, avail = pol.spec, obs.avail_actions.get(g)
@@ -388,6 +367,19 @@ def rollout_fields(spec, state_shape, args):
         H = args.hidden_size
         fields |= {"h_actor": ((A, H), np.float32), "h_critic": ((A, H), np.float32), "starts": ((), np.bool_)}
     return fields
+
+
+def state_id_layer(critic, s, A):  # (B, S) -> the critic's first layer on [s, one-hot id] of A agents (B, A, h)
+    """The state's part is every agent's, the id's is one weight row; LayerNorm's mean and variance are alike."""
+    S, D, norm = s.shape[1], s.shape[1] + A, critic.norm
+    (w_s, w_id), b = critic.fc.weight[0].split([S, A]), critic.fc.bias[0]  # one network: n = 1
+    if isinstance(norm, nn.Identity):
+        return (s @ w_s + b).unsqueeze(1) + w_id
+    mean = (s.sum(1, keepdim=True) + 1) / D  # (B, 1)
+    inv = torch.rsqrt(((s - mean).square().sum(1, keepdim=True) + (1 - mean) ** 2 + (A - 1) * mean**2) / D + norm.eps)
+    (g_s, g_id), (b_s, b_id) = norm.weight.split([S, A]), norm.bias.split([S, A])
+    shared = ((s - mean) * inv * g_s + b_s) @ w_s + (-mean * inv * g_id + b_id) @ w_id + b  # (B, h)
+    return shared.unsqueeze(1) + inv.unsqueeze(-1) * (g_id.unsqueeze(1) * w_id)  # + agent a's id: row a
 
 
 def forward_batch(pol, mb, args):
