@@ -304,13 +304,20 @@ class ArrayPool:
     def __init__(self, per_shape: int = 4):
         self.per_shape = per_shape
         self._arrays: dict[tuple, list[np.ndarray]] = {}
+        # what an array that only a pool list holds counts, through the very check copy() makes (interpreters
+        # differ in the references they add on the way)
+        self._free = self._references([np.empty(0)], 0)
+
+    @staticmethod
+    def _references(arrays: list, i: int) -> int:
+        return sys.getrefcount(arrays[i])
 
     def copy(self, a: np.ndarray) -> np.ndarray:
         arrays = self._arrays.setdefault((a.shape, a.dtype.str), [])
-        for out in arrays:
-            if sys.getrefcount(out) == 3:  # the pool's list, `out` and getrefcount's argument: free
-                np.copyto(out, a)
-                return out
+        for i in range(len(arrays)):
+            if self._references(arrays, i) == self._free:  # nothing but this pool holds it
+                np.copyto(arrays[i], a)
+                return arrays[i]
         out = a.copy()
         if len(arrays) < self.per_shape:  # a caller that keeps every result gets plain copies past this
             arrays.append(out)
