@@ -293,12 +293,12 @@ def _copy_observation(o: Observation, pool: "ArrayPool | None" = None) -> Observ
 class ArrayPool:
     """Copies that reuse the arrays of earlier copies that nobody holds any more.
 
-    A vector env hands out copies of its buffers, so results outlive the next step. A fresh copy of a large array
-    (MAgent2's battle: 81 views of 13 x 13 x 5 floats per team, 274 kB) is a new allocation that glibc serves with
-    mmap and frees with munmap, so every step pays page faults on it: that cost the native battle path more than
-    the engine itself (results/speed/envs.md). An array that only this pool references (no result, view, tensor or
-    buffer holds it: each of those counts in its reference count) can take the next copy instead. Results never
-    change under anyone who holds them.
+    A vector env hands out copies of its buffers, so results outlive the next step. A large fresh copy (MAgent2's
+    battle: 274 kB per team and step) is an allocation that glibc may serve with mmap and free with munmap, paying
+    page faults each step, depending on its mmap threshold, which moves as blocks are freed. An array that only this
+    pool references (no result, view, tensor or buffer holds it: each of those counts in its reference count) takes
+    the next copy instead. Results never change under anyone who holds them. In fresh processes on a quiet machine
+    the battle path's speed with and without it is within run-to-run noise (results/speed/envs.md).
     """
 
     def __init__(self, per_shape: int = 4):

@@ -312,8 +312,8 @@ def markdown(report: dict) -> str:
         "The copies reuse the arrays of earlier results that nobody holds (`envs.pettingzoo_env.ArrayPool`). "
         "Measured apart, each in fresh processes (the median of "
         f"{len(report['battle_pool']['runs']['pool'])} alternating each): {report['battle_pool']['pool']:,.0f} "
-        f"env-steps/s with it, {report['battle_pool']['fresh']:,.0f} with a fresh 274 kB array per team and step, "
-        "which glibc serves with mmap and frees with munmap (page faults on every step) until its threshold moves.",
+        f"env-steps/s with it, {report['battle_pool']['fresh']:,.0f} with a fresh 274 kB array per team and step "
+        "(what glibc does with those depends on its mmap threshold, which moves as blocks are freed).",
         "",
     ]
     return "\n".join(lines)
