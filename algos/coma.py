@@ -283,7 +283,7 @@ def main(args):
                     comas[g].target_critic.load_state_dict(comas[g].critic.state_dict())
 
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
-            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             run.step(global_step, iteration=iteration)
     run.finish()

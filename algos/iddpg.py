@@ -20,7 +20,9 @@ from runtime import (
     evaluate_checkpoint,
     make_env,
     make_eval_env,
+    optimize,
     setup,
+    soft_update,
     sub_state,
 )
 
@@ -178,14 +180,6 @@ def acting(actors, args, device, greedy=True):
     return lambda num_envs, rng: lambda obs, done: act(actors, obs, device, args, explore=not greedy)
 
 
-def actor(ckpt, group, spec, device, greedy=True):
-    """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
-    args = checkpoint_args(Args, ckpt["args"])
-    net = Actor(spec, args).to(device)
-    net.load_state_dict(sub_state(ckpt["nets"]["actors"], f"{group}."))
-    return acting(nn.ModuleDict({group: net}), args, device, greedy)
-
-
 NETWORK_FLAGS = ("hidden_size", "share_params", "random_groups")  # what the weights depend on
 
 
@@ -247,7 +241,7 @@ def main(args):
             # LOG
             if global_step >= next_log or global_step >= args.total_timesteps:
                 next_log += args.log_interval
-                writer.add_scalar("charts/SPS", run.sps(), global_step)
+                writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
                 for k, v in losses.items():  # the latest update's: the mean over agents, then per group
                     writer.add_scalar(f"losses/{k}", v.item(), global_step)
                 if losses and args.prioritized:
@@ -263,27 +257,6 @@ def main(args):
 def critic_input(obs, actions):
     """The input of a group's critics, (A, B, D): each agent's own observation and action, nothing of the others'."""
     return torch.cat([obs.flatten(2), actions], -1).transpose(0, 1)
-
-
-def optimize(loss, optimizer, nets, max_grad_norm, name):
-    """One optimizer step on `loss`, refused if it is not finite; each agent's network clipped separately."""
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the {name} loss became {loss.item()}; lower --{name}-lr or check the rewards")
-    optimizer.zero_grad()
-    loss.backward()
-    for net in nets if max_grad_norm > 0 else ():  # as if every agent had its own optimizer (the MADDPG code)
-        grads = [p.grad for p in net.parameters()]  # every parameter stacks the n networks on its first dim
-        norms = torch.stack([grad.flatten(1).square().sum(1) for grad in grads]).sum(0).sqrt()  # (n,)
-        scale = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-        torch._foreach_mul_(grads, [scale.view(-1, *(1,) * (grad.dim() - 1)) for grad in grads])
-    optimizer.step()
-
-
-def soft_update(targets, sources, tau):
-    """theta' <- theta' + tau (theta - theta') for every parameter of every network, in one foreach op."""
-    with torch.no_grad():
-        params = lambda nets: [p for net in nets for p in net.parameters()]  # noqa: E731
-        torch._foreach_lerp_(params(targets), params(sources), tau)
 
 
 def update(b, nets, optimizers, args, learners):
@@ -331,6 +304,14 @@ def update(b, nets, optimizers, args, learners):
     if len(learners) > 1:
         losses |= {f"{k}/{g}": x.detach().mean() for k, v in per_agent.items() for g, x in v.items()}
     return losses, td / sum(actors[g].spec.n_agents for g in learners)
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    net = Actor(spec, args).to(device)
+    net.load_state_dict(sub_state(ckpt["nets"]["actors"], f"{group}."))
+    return acting(nn.ModuleDict({group: net}), args, device, greedy)
 
 
 if __name__ == "__main__":

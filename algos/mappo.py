@@ -16,6 +16,7 @@ from runtime import (
     checkpoint_args,
     cli,
     evaluate_checkpoint,
+    gru_sequence,
     make_env,
     make_eval_env,
     setup,
@@ -100,7 +101,9 @@ class GroupGRU(nn.Module):
         super().__init__()
         self.x2g, self.h2g = GroupLinear(n, h, 3 * h, 1.0, ortho), GroupLinear(n, h, 3 * h, 1.0, ortho)
 
-    def forward(self, x, hx):
+    def forward(self, x, hx, keep=None):  # keep (L, N): x holds N sequences of L steps (time-major), hx their start
+        if keep is not None:  # every step's state: the input gates in one product, the recurrence in one call
+            return gru_sequence(self.x2g(x).unflatten(0, keep.shape), hx, *self.h2g.parameters(), keep).flatten(0, 1)
         xr, xz, xn = self.x2g(x).chunk(3, -1)
         hr, hz, hn = self.h2g(hx).chunk(3, -1)
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
@@ -118,14 +121,14 @@ class Net(nn.Module):
         self.mid = GroupGRU(n, h, o) if args.rnn else GroupLinear(n, h, h, ortho=o)
         self.head = GroupLinear(n, h, d_out, std=out_std, ortho=o)
 
-    def forward(self, x, hx=None):  # -> (B, A, d_out) and the next hidden state (None without --rnn)
-        return self.trunk(self.fc(self.norm(x)), hx)
+    def forward(self, x, hx=None, keep=None):  # -> (B, A, d_out) and the next hidden state (None without --rnn)
+        return self.trunk(self.fc(self.norm(x)), hx, keep)
 
-    def trunk(self, x, hx=None):  # the rest, from the first layer's output (B, A, h)
+    def trunk(self, x, hx=None, keep=None):  # the rest, from the first layer's output (B, A, h)
         if hx is None:
             return self.head(torch.relu(self.mid(torch.relu(x)))), None
-        hx = self.mid(torch.relu(x), hx)
-        return self.head(hx), hx
+        hs = self.mid(torch.relu(x), hx, keep)  # one step, or with keep (L, N) all L*N (the next state: the last N)
+        return self.head(hs), hs[-len(hx) :]
 
 
 class ValueNorm(nn.Module):
@@ -170,8 +173,8 @@ class Policy(nn.Module):
         eye = torch.eye(self.spec.n_agents, device=x.device).expand(*x.shape[:-1], self.spec.n_agents)
         return torch.cat([x, eye], -1)
 
-    def actor_out(self, obs, hx=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
-        return self.actor(self._with_id(obs.flatten(2)), hx)
+    def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
+        return self.actor(self._with_id(obs.flatten(2)), hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
@@ -180,12 +183,12 @@ class Policy(nn.Module):
             out = out.masked_fill(avail == 0, -1e9)
         return Categorical(logits=out, validate_args=False)
 
-    def critic_values(self, state, hx=None):  # (B, *S) -> normalized V per agent (B, A), next hidden state
+    def critic_values(self, state, hx=None, keep=None):  # (B, *S) -> normalized V per agent (B, A), next hidden
         s = state.flatten(1)  # every agent sees the state (with its id: through the first layer once, not A times)
         if self.with_id:
-            v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx)
+            v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx, keep)
         else:
-            v, hx = self.critic(s.unsqueeze(1).expand(-1, self.spec.n_agents, -1), hx)
+            v, hx = self.critic(s.unsqueeze(1).expand(-1, self.spec.n_agents, -1), hx, keep)
         return v.squeeze(-1), hx
 
     def value(self, state, hx=None):  # V in return units (numpy) and the next hidden state
@@ -336,7 +339,7 @@ def main(args):
                 rb.reset()
 
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
-            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
             writer.add_scalar("charts/learning_rate", lr, global_step)
             run.step(global_step, iteration=iteration)
     run.finish()
@@ -386,14 +389,10 @@ def forward_batch(pol, mb, args):
     """Actor outputs and normalized values of a minibatch: flat samples, or --rnn chunks (L, N, ...) unrolled."""
     if not args.rnn:
         return pol.actor_out(mb["obs"])[0], pol.critic_values(mb["state"])[0]
-    outs, values, ha, hc = [], [], mb["h_actor"][0], mb["h_critic"][0]
-    for i in range(len(mb["obs"])):  # the hidden states restart at zero where an episode began
-        keep = (1 - mb["starts"][i]).view(-1, 1, 1)
-        out, ha = pol.actor_out(mb["obs"][i], ha * keep)
-        v, hc = pol.critic_values(mb["state"][i], hc * keep)
-        outs.append(out)
-        values.append(v)
-    return torch.stack(outs), torch.stack(values)
+    keep, steps = 1 - mb["starts"], mb["starts"].shape  # (L, N): the hidden states restart where an episode began
+    out = pol.actor_out(mb["obs"].flatten(0, 1), mb["h_actor"][0], keep)[0]
+    values = pol.critic_values(mb["state"].flatten(0, 1), mb["h_critic"][0], keep)[0]
+    return out.unflatten(0, steps), values.unflatten(0, steps)
 
 
 def update(pol, opt, rb, args, device, rng):

@@ -20,7 +20,9 @@ from runtime import (
     evaluate_checkpoint,
     make_env,
     make_eval_env,
+    optimize,
     setup,
+    soft_update,
     sub_state,
 )
 
@@ -263,7 +265,7 @@ def main(args):
             # LOG
             if global_step >= next_log or global_step >= args.total_timesteps:
                 next_log += args.log_interval
-                writer.add_scalar("charts/SPS", run.sps(), global_step)
+                writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
                 for k, v in losses.items():  # the latest update's: the mean over agents, then per group
                     writer.add_scalar(f"losses/{k}", v.item(), global_step)
                 if losses and args.prioritized:
@@ -289,27 +291,6 @@ def critic_input(x_obs, actions, n_agents, g=None, own=None):
         else:
             parts.append(a.flatten(1))
     return torch.cat([p.expand(n_agents, *p.shape[-2:]) for p in parts], -1)
-
-
-def optimize(loss, optimizer, nets, max_grad_norm, name):
-    """One optimizer step on `loss`, refused if it is not finite; each agent's network clipped separately."""
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the {name} loss became {loss.item()}; lower --{name}-lr or check the rewards")
-    optimizer.zero_grad()
-    loss.backward()
-    for net in nets if max_grad_norm > 0 else ():  # as if every agent had its own optimizer (the MADDPG code)
-        grads = [p.grad for p in net.parameters()]  # every parameter stacks the n networks on its first dim
-        norms = torch.stack([grad.flatten(1).square().sum(1) for grad in grads]).sum(0).sqrt()  # (n,)
-        scale = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-        torch._foreach_mul_(grads, [scale.view(-1, *(1,) * (grad.dim() - 1)) for grad in grads])
-    optimizer.step()
-
-
-def soft_update(targets, sources, tau):
-    """theta' <- theta' + tau (theta - theta') for every parameter of every network, in one foreach op."""
-    with torch.no_grad():
-        params = lambda nets: [p for net in nets for p in net.parameters()]  # noqa: E731
-        torch._foreach_lerp_(params(targets), params(sources), tau)
 
 
 def update(b, nets, optimizers, args, learners, num_updates):

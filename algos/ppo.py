@@ -230,7 +230,7 @@ def main(args):
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
             for k, v in losses.items():
                 writer.add_scalar(f"losses/{k}", v, global_step)
-            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
             writer.add_scalar("charts/learning_rate", lr, global_step)
             run.step(global_step, iteration=iteration)
     run.finish()

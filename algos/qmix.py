@@ -278,7 +278,7 @@ def main(args):
             if crossings(global_step, args.num_envs, args.log_interval):
                 for k, v in losses.items():
                     writer.add_scalar(f"losses/{k}", v, global_step)
-                writer.add_scalar("charts/SPS", run.sps(), global_step)
+                writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 writer.add_scalar("charts/epsilon", epsilon, global_step)
             run.step(global_step)  # EVAL, checkpoints, and where Ctrl-C stops the run

@@ -227,7 +227,7 @@ def main(args):
             rb.reset()
 
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
-            writer.add_scalar("charts/SPS", run.sps(), global_step)
+            writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
             writer.add_scalar("charts/learning_rate", lr, global_step)
             run.step(global_step, iteration=iteration)
     run.finish()

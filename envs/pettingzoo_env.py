@@ -32,7 +32,6 @@ Conventions (see also `envs/api.py`):
 import dataclasses
 import math
 import re
-import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -279,49 +278,14 @@ class StepArrays:
         )
 
 
-def _copy_observation(o: Observation, pool: "ArrayPool | None" = None) -> Observation:
-    copy = np.copy if pool is None else pool.copy
+def _copy_observation(o: Observation) -> Observation:
     return Observation(
-        obs={g: copy(a) for g, a in o.obs.items()},
-        state=copy(o.state),
+        obs={g: a.copy() for g, a in o.obs.items()},
+        state=o.state.copy(),
         agent_mask={g: a.copy() for g, a in o.agent_mask.items()},
         avail_actions={g: a.copy() for g, a in o.avail_actions.items()},
         positions={g: a.copy() for g, a in o.positions.items()},
     )
-
-
-class ArrayPool:
-    """Copies that reuse the arrays of earlier copies that nobody holds any more.
-
-    A vector env hands out copies of its buffers, so results outlive the next step. A large fresh copy (MAgent2's
-    battle: 274 kB per team and step) is an allocation that glibc may serve with mmap and free with munmap, paying
-    page faults each step, depending on its mmap threshold, which moves as blocks are freed. An array that only this
-    pool references (no result, view, tensor or buffer holds it: each of those counts in its reference count) takes
-    the next copy instead. Results never change under anyone who holds them. In fresh processes on a quiet machine
-    the battle path's speed with and without it is within run-to-run noise (results/speed/envs.md).
-    """
-
-    def __init__(self, per_shape: int = 4):
-        self.per_shape = per_shape
-        self._arrays: dict[tuple, list[np.ndarray]] = {}
-        # what an array that only a pool list holds counts, through the very check copy() makes (interpreters
-        # differ in the references they add on the way)
-        self._free = self._references([np.empty(0)], 0)
-
-    @staticmethod
-    def _references(arrays: list, i: int) -> int:
-        return sys.getrefcount(arrays[i])
-
-    def copy(self, a: np.ndarray) -> np.ndarray:
-        arrays = self._arrays.setdefault((a.shape, a.dtype.str), [])
-        for i in range(len(arrays)):
-            if self._references(arrays, i) == self._free:  # nothing but this pool holds it
-                np.copyto(arrays[i], a)
-                return arrays[i]
-        out = a.copy()
-        if len(arrays) < self.per_shape:  # a caller that keeps every result gets plain copies past this
-            arrays.append(out)
-        return out
 
 
 class EnvRunner:
@@ -564,7 +528,6 @@ class PettingZooVecEnv(VecEnv):
         self.render_fps = spec.render_fps
         self.seed = seed
         self._buffers = buffers
-        self._pool = ArrayPool()  # the results' observations, recycled once nobody holds them
         self._needs_reset = True
         self._closed = False
 
@@ -580,7 +543,7 @@ class PettingZooVecEnv(VecEnv):
             raise RuntimeError("the vector env is closed")
         self._reset_envs(self.seed if seed is None else seed)
         self._needs_reset = False
-        return _copy_observation(self._buffers.next, self._pool)
+        return _copy_observation(self._buffers.next)
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         """Step every env; finished envs are reset and their last observation goes to `final`.
@@ -596,7 +559,7 @@ class PettingZooVecEnv(VecEnv):
         self._write_actions(actions)
         episodes = self._step_envs()
         b = self._buffers
-        next_obs = _copy_observation(b.next, self._pool)
+        next_obs = _copy_observation(b.next)
         final = next_obs
         if episodes:  # an env finished: its row of `final` is its last observation, not `next`
             done = b.done

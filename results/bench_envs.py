@@ -191,39 +191,6 @@ def battle(steps: int, repeats: int) -> dict:
     }
 
 
-POOL_CHILD = """
-import statistics, sys, time
-import numpy as np
-import envs
-vec = envs.make("battle_v4", num_envs=1, seed=0, backend="native")
-if sys.argv[1] == "fresh":
-    vec._pool = None  # every result copied into fresh arrays (before envs.pettingzoo_env.ArrayPool)
-steps, repeats = int(sys.argv[2]), int(sys.argv[3])
-actions = np.random.default_rng(0).integers(0, 21, (steps, 1, 162))
-times = []
-for _ in range(repeats):
-    vec.reset()
-    start = time.perf_counter()
-    for t in range(steps):
-        vec.step({"red": actions[t, :, :81], "blue": actions[t, :, 81:]})
-    times.append(time.perf_counter() - start)
-print(steps / statistics.median(times))
-"""
-
-
-def pool_in_fresh_processes(steps: int, repeats: int, rounds: int = 3) -> dict:
-    """env-steps/s of the native battle path in fresh processes (as a training script starts), with the vector
-    layer's ArrayPool and with fresh copies, alternating: in a long-lived process glibc's own history (its mmap
-    threshold moves as blocks are freed) decides what a fresh copy costs, so each is measured from a clean start."""
-    runs = {"pool": [], "fresh": []}
-    for _ in range(rounds):
-        for mode in runs:
-            cmd = [sys.executable, "-c", POOL_CHILD, mode, str(steps), str(repeats)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
-            runs[mode].append(float(out.split()[-1]))
-    return {mode: statistics.median(v) for mode, v in runs.items()} | {"runs": runs}
-
-
 def machine() -> dict:
     cpu = platform.processor() or "unknown"
     try:
@@ -308,12 +275,7 @@ def markdown(report: dict) -> str:
         "",
         "Where a native step's time goes (per env step, from the medians above): the runner (engine included) "
         f"{1e6 / b['native_runner_steps_per_s']:.0f} µs, the vector layer (action checks, copies of the results so "
-        f"they outlive the next step) {1e6 / b['native_steps_per_s'] - 1e6 / b['native_runner_steps_per_s']:.0f} µs. "
-        "The copies reuse the arrays of earlier results that nobody holds (`envs.pettingzoo_env.ArrayPool`). "
-        "Measured apart, each in fresh processes (the median of "
-        f"{len(report['battle_pool']['runs']['pool'])} alternating each): {report['battle_pool']['pool']:,.0f} "
-        f"env-steps/s with it, {report['battle_pool']['fresh']:,.0f} with a fresh 274 kB array per team and step "
-        "(what glibc does with those depends on its mmap threshold, which moves as blocks are freed).",
+        f"they outlive the next step) {1e6 / b['native_steps_per_s'] - 1e6 / b['native_runner_steps_per_s']:.0f} µs."
         "",
     ]
     return "\n".join(lines)
@@ -338,7 +300,6 @@ def main() -> None:
     report["vector"] = sync_vs_subproc(max(args.steps // 4, 50), max(args.repeats // 2, 3), [1, 2, 8])
     print("sync vs subproc done", flush=True)
     report["battle"] = battle(max(args.steps // 10, 20), max(args.repeats // 2, 3))
-    report["battle_pool"] = pool_in_fresh_processes(max(args.steps // 10, 20), max(args.repeats // 2, 3))
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     report["wall_seconds"] = time.perf_counter() - start
 

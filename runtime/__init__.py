@@ -22,8 +22,10 @@
         cli(Args, main)
 
 Modules: `args` (the shared flags and env construction), `checks` (argument checks), `checkpoint`
-(atomic save, validated load), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals), `opponents`
-(groups frozen to random, to any script's checkpoint, or to self-play: every script's `actor(ckpt, group, ...)`).
+(atomic save, validated load), `optim` (the guarded optimizer step with per-agent clipping, soft targets), `gru`
+(a GRU over a whole sequence in one call), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals),
+`opponents` (groups frozen to random, to any script's checkpoint, or to self-play: every script's
+`actor(ckpt, group, ...)`).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -41,6 +43,8 @@ from runtime.args import (
 from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint, sub_state
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
+from runtime.gru import gru_sequence
+from runtime.optim import optimize, soft_update
 from runtime.run import Run, RunStopped
 
 __all__ = [
@@ -62,12 +66,15 @@ __all__ = [
     "env_signature",
     "evaluate",
     "evaluate_checkpoint",
+    "gru_sequence",
     "load_checkpoint",
     "make_env",
     "make_eval_env",
+    "optimize",
     "periodic_seed",
     "restore",
     "save_checkpoint",
     "setup",
+    "soft_update",
     "sub_state",
 ]

@@ -168,9 +168,10 @@ class Run:
         if self.stop_signal is not None:
             self.stop()
 
-    def sps(self) -> int:
-        """Env steps per second since this process started training."""
-        return int((self.global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
+    def sps(self, global_step: int) -> int:
+        """Env steps per second since this process started training, up to `global_step` (the step just taken:
+        `self.global_step` is the last one passed to `step()`, an iteration behind in the on-policy loops)."""
+        return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
 
     def log_episodes(self, episodes, global_step: int) -> None:
         """charts/episodic_return (mean over the episodes that just ended), per group, and the length.
@@ -276,7 +277,7 @@ class Run:
             self.best_eval = self.last_eval
             if args.save_model:
                 self.save("best.pt")
-        self.bar.set_postfix(SPS=self.sps(), eval=f"{self.last_eval:.2f}")
+        self.bar.set_postfix(SPS=self.sps(self.global_step), eval=f"{self.last_eval:.2f}")
         return self.last_eval
 
     def video(self, path, seed, step):

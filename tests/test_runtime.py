@@ -290,6 +290,8 @@ def test_final_evaluation_is_written_and_eval_checkpoint_replays_it(tmp_path):
     acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
     acc.Reload()
     assert [e.step for e in acc.Images("eval/video")] == [50, 100]  # the videos in TensorBoard, as GIFs
+    assert [e.step for e in acc.Scalars("charts/SPS")] == [50, 100]  # counted to the step just taken, not the last
+    assert min(e.value for e in acc.Scalars("charts/SPS")) > 0  # run.step() call's (0 at the first iteration)
     final = json.loads((tmp_path / "final_eval.json").read_text())
     assert final["protocol"] == "v2" and final["seed"] == FINAL_SEED and final["episodes"] == 4
     assert len(final["returns"]) == 4 and final["mean"] == pytest.approx(np.mean(final["returns"]), abs=1e-3)
@@ -328,3 +330,64 @@ def test_restore_takes_the_moments_from_the_checkpoint_and_the_learning_rate_fro
     assert all(int(s["step"]) == 1 for s in lower.state.values())  # the Adam moments came back
     with pytest.raises(CheckpointError, match="other networks or states"):
         restore(ckpt, "last.pt", {"net": torch.nn.Linear(4, 2)})
+
+
+# --- optim: the guarded step of the off-policy actor-critics ---------------------------------------------------------
+
+
+class Stacked(torch.nn.Module):
+    """n agents' linear maps stacked on the first dim, as maddpg.py's GroupLinear holds them."""
+
+    def __init__(self, n, d_in, d_out):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n, d_in, d_out))
+        self.bias = torch.nn.Parameter(torch.randn(n, 1, d_out))
+
+    def forward(self, x):
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+def test_optimize_clips_every_agent_as_its_own_clip_grad_norm_would():
+    from runtime import optimize
+
+    torch.manual_seed(0)
+    net = Stacked(3, 4, 2)
+    x = torch.randn(3, 5, 4) * torch.tensor([0.01, 1.0, 100.0]).view(3, 1, 1)  # agent 0 under the limit, 1-2 over
+    reference = [Stacked(1, 4, 2) for _ in range(3)]  # one network per agent, each its own clip_grad_norm_
+    for k, ref in enumerate(reference):
+        ref.weight = torch.nn.Parameter(net.weight[k : k + 1].detach().clone())
+        ref.bias = torch.nn.Parameter(net.bias[k : k + 1].detach().clone())
+        ref(x[k : k + 1]).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    optimizer = torch.optim.SGD(net.parameters(), lr=1.0)
+    before = net.weight.detach().clone()
+    optimize(net(x).square().sum(), optimizer, [net], 0.5, "critic")
+    for k, ref in enumerate(reference):
+        torch.testing.assert_close(before[k] - net.weight.detach()[k], ref.weight.grad[0])
+    norms = [torch.cat([r.weight.grad.flatten(), r.bias.grad.flatten()]).norm().item() for r in reference]
+    assert norms[0] < 0.5 and norms[1] == pytest.approx(0.5, rel=1e-4) and norms[2] == pytest.approx(0.5, rel=1e-4)
+
+
+def test_optimize_refuses_a_non_finite_loss_and_leaves_the_weights():
+    from runtime import optimize
+
+    net = Stacked(2, 3, 1)
+    before = [p.detach().clone() for p in net.parameters()]
+    loss = net(torch.randn(2, 4, 3)).sum() * float("nan")
+    with pytest.raises(FloatingPointError, match=r"the actor loss became nan; lower --actor-lr"):
+        optimize(loss, torch.optim.Adam(net.parameters()), [net], 0.5, "actor")
+    assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
+
+
+def test_soft_update_moves_targets_tau_of_the_way_for_a_module_or_a_sequence():
+    from runtime import soft_update
+
+    sources, targets = [Stacked(2, 3, 1), Stacked(1, 2, 2)], [Stacked(2, 3, 1), Stacked(1, 2, 2)]
+    expected = [t.detach() + 0.1 * (s.detach() - t.detach()) for T, S in zip(targets, sources, strict=True)
+                for t, s in zip(T.parameters(), S.parameters(), strict=True)]  # fmt: skip
+    soft_update(targets, sources, 0.1)
+    for e, p in zip(expected, [p for T in targets for p in T.parameters()], strict=True):
+        torch.testing.assert_close(p.detach(), e)
+    one, other = Stacked(2, 3, 1), Stacked(2, 3, 1)
+    soft_update(one, other, 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(one.parameters(), other.parameters(), strict=True))

@@ -1,0 +1,130 @@
+"""Our PPO scripts against JaxMARL's whole-program-compiled baselines, side by side on this machine, one thread each.
+
+    python results/bench_jaxmarl.py              # writes results/speed/jaxmarl.md and jaxmarl.json
+
+Two pairs, each at JaxMARL's own config and ours set to match it (16 envs x 128 steps, 4 epochs x 4 minibatches,
+gamma 0.99, value coefficient 0.5, gradient norm 0.5, no LayerNorm, no value normalization, plain squared value
+error), simple_spread_v3 on our Numba MPE:
+
+* `ippo`: JaxMARL `baselines/IPPO/ippo_ff_mpe.py` (64-wide MLPs) against our `algos/ippo.py --hidden-size 64`;
+* `mappo_rnn`: JaxMARL `baselines/MAPPO/mappo_rnn_mpe.py` (128-wide, a GRU, whole 128-step sequences) against our
+  `algos/mappo.py --rnn --rnn-chunk 128 --hidden-size 128`.
+
+Rounds alternate ours and theirs (A/B/A/B: the machine's load moves both alike); the report gives medians and the
+ratio ours / theirs. Theirs: env-steps/s of the compiled run, compile time reported apart
+(`../shared/peers/run_jaxmarl.py`, in its own virtual environment: `--jaxmarl-python`). Ours: the script's last
+`charts/SPS`, which counts from the start of training, so the first iteration (Numba's cached kernels loading,
+torch's first calls) is inside it; the seconds to the end of the first iteration are reported too.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+from bench_train import _cpu
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "speed"
+PEERS = ROOT.parent / "shared" / "peers"
+MATCHED = ("--env-id simple_spread_v3 --backend numba --num-envs 16 --num-steps 128 --update-epochs 4 "
+           "--num-minibatches 4 --gamma 0.99 --vf-coef 0.5 --max-grad-norm 0.5 --no-feature-norm --no-value-norm "
+           "--huber-delta 0 --eval-interval 0 --eval-episodes 1 --final-eval-episodes 0 --torch-threads 1 "
+           "--no-save-model")  # fmt: skip
+PAIRS = {  # name -> (our script and flags, JaxMARL's script, our steps, their steps)
+    "ippo": ("ippo", "--hidden-size 64 --learning-rate 2.5e-4", "ippo", 327_680, 2_000_000),
+    "mappo_rnn": ("mappo", "--rnn --rnn-chunk 128 --hidden-size 128 --learning-rate 2e-3", "mappo", 131_072, 262_144),
+}
+SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                 "XLA_FLAGS": "--xla_force_host_platform_device_count=1 --xla_cpu_multi_thread_eigen=false "
+                              "intra_op_parallelism_threads=1"}  # fmt: skip
+
+
+def ours(script, flags, steps, workdir):
+    """(env-steps/s, seconds to the first iteration's end, command) of one run of algos/<script>.py."""
+    run_dir = Path(workdir) / script
+    cmd = [sys.executable, str(ROOT / "algos" / f"{script}.py"), *MATCHED.split(), *flags.split(),
+           "--total-timesteps", str(steps), "--run-dir", str(run_dir)]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, env=os.environ | SINGLE_THREAD, check=True, capture_output=True)
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    sps = acc.Scalars("charts/SPS")
+    first = sps[0].step / max(sps[0].value, 1e-9)
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    return sps[-1].value, first, " ".join(cmd[1:]).replace(str(ROOT) + "/", "")
+
+
+def theirs(algo, steps, python):
+    """JaxMARL's row (run_jaxmarl.py's JSON: sps, compile_s, ...) of one run."""
+    cmd = [python, str(PEERS / "run_jaxmarl.py"), algo, f"TOTAL_TIMESTEPS={steps}", "NUM_SEEDS=1"]
+    env = os.environ | SINGLE_THREAD | {"JAXMARL_BASELINES": str(PEERS / "jaxmarl-baselines")}
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1]) | {"command": " ".join(cmd[1:]).replace(str(ROOT.parent), "..")}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated: " + ", ".join(PAIRS))
+    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds per pair (medians over them)")
+    parser.add_argument("--jaxmarl-python", default="/tmp/jaxmarl-venv/bin/python",
+                        help="the python of JaxMARL's virtual environment (install line: ../shared/peers/README.md)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if not Path(args.jaxmarl_python).exists():
+        raise SystemExit(f"no JaxMARL python at {args.jaxmarl_python}: install it as ../shared/peers/README.md says, "
+                         "or pass --jaxmarl-python")  # fmt: skip
+    report = {"date": str(date.today()), "cpu": _cpu(), "cores": os.cpu_count(), "load_before": os.getloadavg(),
+              "command": "python results/bench_jaxmarl.py " + " ".join(sys.argv[1:]), "pairs": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in args.pairs.split(","):
+            script, flags, peer, our_steps, their_steps = PAIRS[name]
+            rows = {"ours": [], "first_iteration_s": [], "theirs": [], "compile_s": []}
+            for k in range(args.rounds):
+                sps, first, command = ours(script, flags, our_steps, workdir)
+                row = theirs(peer, their_steps, args.jaxmarl_python)
+                rows["ours"].append(sps)
+                rows["first_iteration_s"].append(first)
+                rows["theirs"].append(row["sps"])
+                rows["compile_s"].append(row["compile_s"])
+                print(f"{name} round {k + 1}: ours {sps:,.0f}, theirs {row['sps']:,.0f} env-steps/s", flush=True)
+            med = {k: statistics.median(v) for k, v in rows.items()}
+            report["pairs"][name] = {"runs": rows, "median": med, "ratio": med["ours"] / med["theirs"],
+                                     "ours_command": command, "theirs_command": row["command"],
+                                     "our_steps": our_steps, "their_steps": their_steps}  # fmt: skip
+    report["load_after"] = os.getloadavg()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "jaxmarl.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "jaxmarl.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def markdown(r):
+    load = lambda x: ", ".join(f"{v:.1f}" for v in x)  # noqa: E731
+    lines = [
+        "# Our PPO scripts against JaxMARL, side by side (env-steps/s, one thread each)",
+        "",
+        f"Measured {r['date']} on {r['cpu']} ({r['cores']} cores), load average {load(r['load_before'])} before and "
+        f"{load(r['load_after'])} after. Regenerate: `{r['command'].strip()}` (settings: the script's docstring).",
+        "",
+        "| pair | ours (median) | JaxMARL (median) | ours / JaxMARL | our first iteration | JaxMARL compile | rounds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, p in r["pairs"].items():
+        m = p["median"]
+        lines.append(f"| {name} | {m['ours']:,.0f} | {m['theirs']:,.0f} | **{p['ratio']:.2f}x** | "
+                     f"{m['first_iteration_s']:.1f} s | {m['compile_s']:.1f} s | {len(p['runs']['ours'])} |")  # fmt: skip
+    lines += ["", "Commands (ours, then theirs, alternating):", ""]
+    for name, p in r["pairs"].items():
+        lines += [f"* {name}: `python {p['ours_command']}` ({p['our_steps']:,} steps); "
+                  f"`python {p['theirs_command']}` ({p['their_steps']:,} steps)"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""A GRU run over a whole sequence in one call: the recurrent scripts' training path (mappo.py and ippo.py --rnn).
+
+    hs = gru_sequence(gx, h0, w_hh, b_hh, keep)      # every step's hidden state, (L, B, A, H)
+
+Training a recurrent actor-critic on chunks of L steps in torch means a Python loop over time: per step a matmul
+and a dozen small elementwise ops forward, as many backward, each a dispatch and an autograd node (on MPE's
+shapes, 12 rows of 64-128 units, that overhead is the whole cost). Here the input half of the gates (`gx`, one
+matmul for all steps) stays in torch, and the recurrence runs in two Numba kernels: the forward pass over time,
+saving the gates, and backpropagation through time, one BLAS product per step each way. The weight gradient is
+then one batched product over all steps.
+
+`gru_sequence_reference` beside it is the same recurrence as a plain torch loop (the cell of torch.nn.GRU:
+r, z = sigmoid(x_r + h_r), sigmoid(x_z + h_z); n = tanh(x_n + r * h_n); h' = (1 - z) n + z h, with h_* =
+h W_hh + b_hh): the tests hold the kernels to it, forward and gradients. Tensors that are not float32 on the CPU
+(--cuda) take that loop, with a one-line notice.
+"""
+
+import warnings
+
+import numba
+import numpy as np
+import torch
+
+
+def gru_sequence(gx, h0, w_hh, b_hh, keep):
+    """Hidden states after every step of a GRU over L steps, restarting from zero where `keep` is 0.
+
+    Args:
+        gx: (L, B, A, 3H) the input half of the gates, x W_ih + b_ih, for every step (r, z, n blocks).
+        h0: (B, A, H) the hidden state before the first step.
+        w_hh: (n, H, 3H) recurrent weights, n = 1 (shared by the A agents) or n = A (one per agent).
+        b_hh: (n, 1, 3H) recurrent biases.
+        keep: (L, B) 0 where an episode began at step i (the state before step i is zeroed), else 1.
+    """
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (gx, h0, w_hh, b_hh)):
+        _notice(f"recurrent core: {gx.dtype} tensors on {gx.device.type} run the step-by-step torch loop")
+        return gru_sequence_reference(gx, h0, w_hh, b_hh, keep)
+    return _GRUSequence.apply(gx, h0, w_hh, b_hh, keep.to(gx.dtype))
+
+
+def gru_sequence_reference(gx, h0, w_hh, b_hh, keep):
+    """The same, one torch step at a time (the reference the kernels are tested against)."""
+    h, hs = h0, []
+    for i in range(len(gx)):
+        h = h * keep[i].view(-1, 1, 1)
+        gh = torch.einsum("bah,ahk->bak", h, w_hh.expand(h.shape[1], -1, -1)) + b_hh.transpose(0, 1)
+        (xr, xz, xn), (hr, hz, hn) = gx[i].chunk(3, -1), gh.chunk(3, -1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        h = (1 - z) * torch.tanh(xn + r * hn) + z * h
+        hs.append(h)
+    return torch.stack(hs)
+
+
+_said = set()
+
+
+def _notice(text):
+    if text not in _said:
+        _said.add(text)
+        warnings.warn(text, stacklevel=3)
+
+
+class _GRUSequence(torch.autograd.Function):
+    """Kernel layout (G, L, R, .): G weight groups, R rows each. Shared weights: G = 1, R = B * A (one product of
+    every agent's rows per step); one network per agent: G = A, R = B."""
+
+    @staticmethod
+    def forward(ctx, gx, h0, w_hh, b_hh, keep):
+        L, B, A, H3 = gx.shape
+        shared = w_hh.shape[0] == 1
+        if shared:
+            gxk, h0k, keepk = gx.reshape(1, L, B * A, H3), h0.reshape(1, B * A, -1), keep.repeat_interleave(A, 1)
+        else:
+            gxk, h0k, keepk = gx.permute(2, 0, 1, 3), h0.permute(1, 0, 2), keep
+        gxk, h0k, keepk = (np.ascontiguousarray(t.detach().numpy()) for t in (gxk, h0k, keepk))
+        G, _, R, _ = gxk.shape
+        hs, hp, gates = (np.empty((G, L, R, k * H3 // 3), np.float32) for k in (1, 1, 4))
+        w, b = w_hh.detach().contiguous().numpy(), b_hh.detach().reshape(G, H3).contiguous().numpy()
+        _forward(gxk, keepk, h0k, w, b, hs, hp, gates)
+        ctx.shape, ctx.shared = (L, B, A, H3), shared
+        ctx.save_for_backward(*(torch.from_numpy(a) for a in (keepk, hp, gates)), w_hh)
+        hs = torch.from_numpy(hs)
+        return hs.reshape(L, B, A, -1) if shared else hs.permute(1, 2, 0, 3)
+
+    @staticmethod
+    def backward(ctx, grad):
+        keep, hp, gates, w_hh = ctx.saved_tensors
+        (L, B, A, H3), G = ctx.shape, hp.shape[0]
+        grad = grad.reshape(1, L, B * A, -1) if ctx.shared else grad.permute(2, 0, 1, 3)
+        dgx, dgh = (np.empty((G, L, hp.shape[2], H3), np.float32) for _ in range(2))
+        dh0 = np.empty(hp.shape[:1] + hp.shape[2:], np.float32)
+        w_t = np.ascontiguousarray(w_hh.detach().numpy().transpose(0, 2, 1))
+        _backward(np.ascontiguousarray(grad.numpy()), keep.numpy(), hp.numpy(), gates.numpy(), w_t, dgx, dgh, dh0)
+        dgx, dgh, dh0 = torch.from_numpy(dgx), torch.from_numpy(dgh), torch.from_numpy(dh0)
+        dw = torch.bmm(hp.reshape(G, -1, hp.shape[-1]).transpose(1, 2), dgh.reshape(G, -1, H3))
+        db = dgh.sum((1, 2)).unsqueeze(1)
+        if ctx.shared:
+            return dgx.reshape(L, B, A, H3), dh0.reshape(B, A, -1), dw, db, None
+        return dgx.permute(1, 2, 0, 3), dh0.permute(1, 0, 2), dw, db, None
+
+
+@numba.njit(cache=True)
+def _forward(gx, keep, h0, w, b, hs, hp, gates):
+    """hs[g, i]: the state after step i; hp[g, i]: the (restarted) state before it; gates[g, i]: r, z, n, h_n."""
+    G, L, R, H3 = gx.shape
+    H = H3 // 3
+    one, two = np.float32(1.0), np.float32(2.0)
+    for g in range(G):
+        h = h0[g].copy()
+        for i in range(L):
+            for row in range(R):
+                h[row] *= keep[i, row]
+            hp[g, i] = h
+            gh = np.dot(h, w[g])
+            for row in range(R):
+                x, s, out, gate = gx[g, i, row], gh[row], h[row], gates[g, i, row]
+                for j in range(H):
+                    r = one / (one + np.exp(-(x[j] + s[j] + b[g, j])))
+                    z = one / (one + np.exp(-(x[H + j] + s[H + j] + b[g, H + j])))
+                    hn = s[2 * H + j] + b[g, 2 * H + j]
+                    n = two / (one + np.exp(-two * (x[2 * H + j] + r * hn))) - one  # tanh, at a third of its cost
+                    gate[j], gate[H + j], gate[2 * H + j], gate[3 * H + j] = r, z, n, hn
+                    out[j] = n + z * (out[j] - n)
+            hs[g, i] = h
+
+
+@numba.njit(cache=True)
+def _backward(grad, keep, hp, gates, w_t, dgx, dgh, dh0):
+    """Backpropagation through time: dgx, dgh (L, R, 3H per group) and dh0 from the gradient of every state."""
+    G, L, R, H = grad.shape
+    one = np.float32(1.0)
+    for g in range(G):
+        dh = np.zeros((R, H), np.float32)
+        for i in range(L - 1, -1, -1):
+            for row in range(R):
+                gate, prev, dx, ds = gates[g, i, row], hp[g, i, row], dgx[g, i, row], dgh[g, i, row]
+                for j in range(H):
+                    d = dh[row, j] + grad[g, i, row, j]
+                    r, z, n, hn = gate[j], gate[H + j], gate[2 * H + j], gate[3 * H + j]
+                    dn = d * (one - z) * (one - n * n)
+                    dz = d * (prev[j] - n) * z * (one - z)
+                    dr = dn * hn * r * (one - r)
+                    dx[j], dx[H + j], dx[2 * H + j] = dr, dz, dn
+                    ds[j], ds[H + j], ds[2 * H + j] = dr, dz, dn * r
+                    dh[row, j] = d * z
+            dh += np.dot(dgh[g, i], w_t[g])
+            for row in range(R):
+                dh[row] *= keep[i, row]
+        dh0[g] = dh

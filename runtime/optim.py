@@ -1,0 +1,41 @@
+"""The optimizer step of the off-policy actor-critics: a loss refused when it is not finite, each agent's network
+clipped on its own, and Polyak-averaged target networks.
+
+    optimize(critic_loss, optimizers["critic"], critics.values(), args.max_grad_norm, "critic")
+    soft_update((actor_targets, critic_targets), (actors, critics), args.tau)
+
+The networks here stack n agents' weights on each parameter's first dimension (one `GroupLinear` per layer), so
+one optimizer serves them all; clipping each agent's slice to `max_grad_norm` is what n separate optimizers with
+`clip_grad_norm_` would do (the MADDPG authors' code), in a few foreach ops.
+"""
+
+import torch
+import torch.nn as nn
+
+
+def optimize(loss, optimizer, nets=(), max_grad_norm: float = 0.0, name: str = "loss") -> None:
+    """One step on `loss`, refused if it is not finite; each agent of each stacked network clipped separately.
+
+    The error names the flag to turn (`--{name}-lr`): a non-finite loss poisons every weight it reaches, so the run
+    stops with its last checkpoint intact instead.
+    """
+    if not torch.isfinite(loss):  # stop before the weights are poisoned
+        raise FloatingPointError(f"the {name} loss became {loss.item()}; lower --{name}-lr or check the rewards")
+    optimizer.zero_grad()
+    loss.backward()
+    for net in nets if max_grad_norm > 0 else ():
+        grads = [p.grad for p in net.parameters()]  # every parameter stacks the n networks on its first dim
+        norms = torch.stack([grad.flatten(1).square().sum(1) for grad in grads]).sum(0).sqrt()  # (n,)
+        scale = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_(grads, [scale.view(-1, *(1,) * (grad.dim() - 1)) for grad in grads])
+    optimizer.step()
+
+
+def soft_update(targets, sources, tau: float) -> None:
+    """theta' <- theta' + tau (theta - theta') for every parameter, in one foreach op.
+
+    `targets` and `sources`: a module, or a sequence of modules, in the same order.
+    """
+    params = lambda nets: [p for net in ([nets] if isinstance(nets, nn.Module) else nets) for p in net.parameters()]  # noqa: E731
+    with torch.no_grad():
+        torch._foreach_lerp_(params(targets), params(sources), tau)
