@@ -243,3 +243,39 @@ def test_critic_takes_the_state_once_and_equals_the_per_agent_input(feature_norm
     torch.testing.assert_close(fast, plain.squeeze(-1), rtol=1e-5, atol=1e-5)
     if rnn:
         torch.testing.assert_close(h_fast, h_plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("share_params", [True, False])
+def test_rnn_chunks_in_one_call_equal_the_step_by_step_unroll(algo, share_params):
+    """forward_batch runs each chunk's recurrence in one call (runtime/gru.py); the outputs, values and the loss's
+    gradients equal acting's one-step cell applied step by step, hidden states restarting where episodes began."""
+    from runtime.opponents import script_module
+
+    module = script_module(algo)
+    torch.manual_seed(0)
+    spec = types.SimpleNamespace(name="agent", n_agents=3, obs_shape=(6,), action_dim=4, discrete=True)
+    args = module.Args(rnn=True, hidden_size=16, share_params=share_params)
+    pol = module.Policy(spec, 9, args) if algo == "mappo" else module.Policy(spec, args)  # ippo: no state
+    L, N = 7, 5
+    mb = {"obs": torch.randn(L, N, 3, 6), "state": torch.randn(L, N, 9), "h_actor": torch.randn(L, N, 3, 16),
+          "h_critic": torch.randn(L, N, 3, 16), "starts": (torch.rand(L, N) < 0.3).float()}  # fmt: skip
+
+    def unrolled():
+        outs, values, ha, hc = [], [], mb["h_actor"][0], mb["h_critic"][0]
+        for i in range(L):
+            keep = (1 - mb["starts"][i]).view(-1, 1, 1)
+            out, ha = pol.actor_out(mb["obs"][i], ha * keep)
+            v, hc = pol.critic_values(mb["state" if algo == "mappo" else "obs"][i], hc * keep)
+            outs.append(out)
+            values.append(v)
+        return torch.stack(outs), torch.stack(values)
+
+    results = []
+    for forward in (lambda: module.forward_batch(pol, mb, args), unrolled):
+        pol.zero_grad()
+        out, values = forward()
+        (out.square().sum() + values.sin().sum()).backward()
+        results.append([out.detach(), values.detach(), *(p.grad.clone() for p in pol.parameters())])
+    for fast, plain in zip(*results, strict=True):
+        torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-5)
