@@ -14,7 +14,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import tyro
-from threadpoolctl import threadpool_limits
 
 import envs
 from runtime.checkpoint import CheckpointError, read_checkpoint
@@ -37,7 +36,7 @@ class RunArgs:
     torch_deterministic: bool = True
     """torch.backends.cudnn.deterministic"""
     torch_threads: int = 1
-    """torch (and BLAS) CPU threads (0: the libraries' defaults); 1 is fastest for small networks beside the envs"""
+    """torch CPU threads (0: torch's default); 1 is fastest for small networks beside the envs"""
     track: bool = False
     """log to Weights & Biases (TensorBoard is always written)"""
     wandb_project_name: str = "flashmarl"
@@ -165,7 +164,6 @@ def setup(args):
     has refused --cuda without a device.)"""
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
-        threadpool_limits(args.torch_threads, user_api="blas")  # numpy's BLAS and Numba's (runtime/gru.py) alike
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic

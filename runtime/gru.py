@@ -15,11 +15,17 @@ h W_hh + b_hh): the tests hold the kernels to it, forward and gradients. Tensors
 (--cuda) take that loop, with a one-line notice.
 """
 
+import os
 import warnings
 
-import numba
-import numpy as np
-import torch
+# The kernels' products go to the BLAS that Numba binds (SciPy's OpenBLAS, loaded when they first run). Its threads
+# never pay at these sizes (12-100 rows): on 2 cores, 96 x 64 x 192 takes 27 us on one thread and 170-250 us with
+# two, or with the count lowered at run time (threadpoolctl), while the spare threads spin. Read at its load:
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 
 def gru_sequence(gx, h0, w_hh, b_hh, keep):
