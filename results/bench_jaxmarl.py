@@ -39,7 +39,7 @@ MATCHED = ("--env-id simple_spread_v3 --backend numba --num-envs 16 --num-steps 
            "--no-save-model")  # fmt: skip
 PAIRS = {  # name -> (our script and flags, JaxMARL's script, our steps, their steps)
     "ippo": ("ippo", "--hidden-size 64 --learning-rate 2.5e-4", "ippo", 327_680, 2_000_000),
-    "mappo_rnn": ("mappo", "--rnn --rnn-chunk 128 --hidden-size 128 --learning-rate 2e-3", "mappo", 131_072, 262_144),
+    "mappo_rnn": ("mappo", "--rnn --rnn-chunk 128 --hidden-size 128 --learning-rate 2e-3", "mappo", 131_072, 131_072),
 }
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                  "XLA_FLAGS": "--xla_force_host_platform_device_count=1 --xla_cpu_multi_thread_eigen=false "
