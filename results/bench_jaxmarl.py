@@ -72,8 +72,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated: " + ", ".join(PAIRS))
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds per pair (medians over them)")
-    parser.add_argument("--jaxmarl-python", default="/tmp/jaxmarl-venv/bin/python",
-                        help="the python of JaxMARL's virtual environment (install line: ../shared/peers/README.md)")
+    parser.add_argument(
+        "--jaxmarl-python",
+        default="/tmp/jaxmarl-venv/bin/python",
+        help="the python of JaxMARL's virtual environment (install line: ../shared/peers/README.md)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if not Path(args.jaxmarl_python).exists():
@@ -117,8 +120,9 @@ def markdown(r):
     ]
     for name, p in r["pairs"].items():
         m = p["median"]
+        rounds = len(p["runs"]["ours"])
         lines.append(f"| {name} | {m['ours']:,.0f} | {m['theirs']:,.0f} | **{p['ratio']:.2f}x** | "
-                     f"{m['first_iteration_s']:.1f} s | {m['compile_s']:.1f} s | {len(p['runs']['ours'])} |")  # fmt: skip
+                     f"{m['first_iteration_s']:.1f} s | {m['compile_s']:.1f} s | {rounds} |")  # fmt: skip
     lines += ["", "Commands (ours, then theirs, alternating):", ""]
     for name, p in r["pairs"].items():
         lines += [f"* {name}: `python {p['ours_command']}` ({p['our_steps']:,} steps); "
