@@ -18,6 +18,7 @@ from runtime import (
     checkpoint_args,
     cli,
     evaluate_checkpoint,
+    gru_sequence,
     make_env,
     make_eval_env,
     setup,
@@ -86,10 +87,14 @@ class Actor(nn.Module):
         self.mid = nn.GRUCell(h, h) if args.rnn else nn.Linear(h, h)
         self.head = nn.Linear(h, spec.action_dim)
 
-    def forward(self, obs, hx=None):  # obs (B, A, *obs_shape), hx (B, A, H) or None -> logits (B, A, n), hx
+    def forward(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape), hx (B, A, H) or None -> logits (B, A, n), hx
         x = torch.relu(self.fc(with_id(obs.flatten(2), self.n_agents)))
         if hx is None:
             return self.head(torch.relu(self.mid(x))), None
+        if keep is not None:  # (T, E): B = T*E rows, time-major; every step's state, the recurrence in one call
+            gx, m = F.linear(x, self.mid.weight_ih, self.mid.bias_ih).unflatten(0, keep.shape), self.mid
+            hs = gru_sequence(gx, hx, m.weight_hh.T[None], m.bias_hh.view(1, 1, -1), keep).flatten(0, 1)
+            return self.head(hs), hs[-len(hx) :]
         B, A = x.shape[:2]
         hx = self.mid(x.reshape(B * A, -1), hx.reshape(B * A, -1)).view(B, A, -1)
         return self.head(hx), hx
@@ -330,14 +335,9 @@ def q_taken(critic, state, obs, actions, alive, last_actions):
 
 def actor_logits(coma, mb, args):
     """The actors' logits over the rollout (T, E, A, n): one flat pass, or --rnn unrolled from the stored states."""
-    if not args.rnn:
-        T, E = mb["obs"].shape[:2]
-        return coma.actor(mb["obs"].flatten(0, 1))[0].view(T, E, *mb["obs"].shape[2:3], -1)
-    logits, hx = [], mb["h_actor"][0]
-    for i in range(len(mb["obs"])):
-        out, hx = coma.actor(mb["obs"][i], hx * (1 - mb["starts"][i]).view(-1, 1, 1))
-        logits.append(out)
-    return torch.stack(logits)
+    T, E = mb["obs"].shape[:2]  # --rnn: restarting where episodes began
+    hx, keep = (mb["h_actor"][0], 1 - mb["starts"]) if args.rnn else (None, None)
+    return coma.actor(mb["obs"].flatten(0, 1), hx, keep)[0].unflatten(0, (T, E))
 
 
 def critic_targets(coma, rb, after, args, device):

@@ -1,4 +1,4 @@
-"""A GRU run over a whole sequence in one call: the recurrent scripts' training path (mappo.py and ippo.py --rnn).
+"""A GRU run over a whole sequence in one call: the recurrent scripts' training path (mappo, ippo, coma --rnn).
 
     hs = gru_sequence(gx, h0, w_hh, b_hh, keep)      # every step's hidden state, (L, B, A, H)
 

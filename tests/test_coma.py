@@ -54,6 +54,32 @@ def test_counterfactual_baseline_equals_a_per_agent_loop(coma, last_actions):
     assert batched.abs().max() > 1e-3  # not vacuous
 
 
+def test_rnn_actor_logits_in_one_call_equal_the_step_by_step_cell(coma):
+    """--rnn: the rollout's recurrence in one call (runtime/gru.py) equals nn.GRUCell step by step, restarting
+    where episodes began, in the logits and in every gradient."""
+    torch.manual_seed(0)
+    args = coma["Args"](rnn=True, hidden_size=16)
+    group = coma["Coma"](SPEC, 7, args)
+    T, E = 9, 4
+    mb = {"obs": torch.randn(T, E, 3, 4), "h_actor": torch.randn(T, E, 3, 16),
+          "starts": (torch.rand(T, E) < 0.3).float()}  # fmt: skip
+    results = []
+    for fast in (True, False):
+        group.zero_grad()
+        if fast:
+            logits = coma["actor_logits"](group, mb, args)
+        else:
+            out, hx = [], mb["h_actor"][0]
+            for i in range(T):
+                o, hx = group.actor(mb["obs"][i], hx * (1 - mb["starts"][i]).view(-1, 1, 1))
+                out.append(o)
+            logits = torch.stack(out)
+        logits.sin().sum().backward()
+        results.append([logits.detach(), *(p.grad.clone() for p in group.actor.parameters())])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_critic_targets_equal_the_reference_td_lambda_with_terminations_and_truncations(coma):
     torch.manual_seed(1)
     args = coma["Args"](gamma=0.9, td_lambda=0.7, critic_last_actions=True)  # every input matters
