@@ -7,6 +7,9 @@ ns per agent-step, median of repeats, at (T=128, E=16, A=3) and (T=1000, E=128, 
 Segment trees at capacity 2**20: stratified sampling of 256 indices, 256 priority updates, and the
 prioritized buffers' sample + update round trip, with cpprb's PrioritizedReplayBuffer as a peer
 column when cpprb is installed. Inputs are fresh random draws per repeat so caches do not flatter.
+The GRU sequence kernels (runtime/gru.py, forward and backward through time, one torch thread) against the
+step-by-step torch loop they are tested against, and torch.nn.GRU (which cannot restart mid-sequence, timed
+without restarts), at the shapes the scripts train on.
 """
 
 import argparse
@@ -23,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from buffers import MinTree, PrioritizedReplayBuffer, SumTree, kernels, reference
+from runtime.gru import gru_sequence, gru_sequence_reference
 
 OUT = Path(__file__).resolve().parent / "speed"
 
@@ -131,6 +135,46 @@ def bench_per_buffers(rng, repeats):
     return out
 
 
+GRU_SHAPES = [  # (what trains on it, L steps, B sequences, A agents, H units)
+    ("mappo.py --rnn at JaxMARL's config: one minibatch", 128, 4, 3, 128),
+    ("mappo.py --rnn at its defaults: the whole rollout", 25, 128, 3, 64),
+    ("qmix.py and family: 32 whole episodes", 26, 32, 3, 64),
+]
+
+
+def gru_timings(L, B, A, H, repeats):
+    """ms per forward + backward pass: the kernels, the torch loop, torch.nn.GRU (its own weights, no restarts)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    w, b = (
+        (0.1 * torch.randn(1, H, 3 * H, generator=gen)).requires_grad_(),
+        torch.zeros(1, 1, 3 * H, requires_grad=True),
+    )
+    keep = (torch.rand(L, B, generator=gen) > 1 / 25).float()  # restarts as often as MPE's episodes end
+    gru = torch.nn.GRU(H, H)
+
+    def make():
+        return torch.randn(L, B, A, 3 * H, requires_grad=True), torch.zeros(B, A, H)
+
+    def torch_gru(gx, h0):
+        gru(gx[..., :H].reshape(L, B * A, H), h0.reshape(1, B * A, H))[0].sum().backward()
+
+    fns = {"kernels": gru_sequence, "torch loop": gru_sequence_reference}
+    timings = {k: timeit(lambda gx, h0, f=f: f(gx, h0, w, b, keep).sum().backward(), make, repeats)
+               for k, f in fns.items()}  # fmt: skip
+    return {k: 1e3 * v for k, v in (timings | {"torch.nn.GRU": timeit(torch_gru, make, repeats)}).items()}
+
+
+def bench_gru(repeats):
+    import torch
+
+    torch.set_num_threads(1)
+    return [
+        dict(shape=name, L=L, B=B, A=A, H=H, ms=gru_timings(L, B, A, H, repeats)) for name, L, B, A, H in GRU_SHAPES
+    ]
+
+
 def machine():
     cpu = platform.processor()
     try:
@@ -198,6 +242,17 @@ def write_markdown(report, path):
     ]
     for lib, r in report["per_buffers"].items():
         lines.append(f"| {lib} | {r['sample(256)']:.1f} | {r['update_priorities(256)']:.1f} |")
+    lines += [
+        "",
+        "## GRU over a sequence, forward and backward (ms per sequence batch, median, one torch thread)",
+        "",
+        "| trained on | L x B x A, H | kernels (runtime/gru.py) | torch loop (reference) | torch.nn.GRU, no restarts |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["gru"]:
+        ms = r["ms"]
+        lines.append(f"| {r['shape']} | {r['L']} x {r['B']} x {r['A']}, {r['H']} | {ms['kernels']:.2f} | "
+                     f"{ms['torch loop']:.2f} | {ms['torch.nn.GRU']:.2f} |")  # fmt: skip
     lines.append("")
     path.write_text("\n".join(lines))
 
@@ -217,6 +272,7 @@ def main():
         returns=bench_returns(rng, args.quick),
         trees=bench_trees(rng, 2000),
         per_buffers=bench_per_buffers(rng, 500),
+        gru=bench_gru(21),
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels.json").write_text(json.dumps(report, indent=2) + "\n")
