@@ -19,8 +19,9 @@ import os
 import warnings
 
 # The kernels' products go to the BLAS that Numba binds (SciPy's OpenBLAS, loaded when they first run). Its threads
-# never pay at these sizes (12-100 rows): on 2 cores, 96 x 64 x 192 takes 27 us on one thread and 170-250 us with
-# two, or with the count lowered at run time (threadpoolctl), while the spare threads spin. Read at its load:
+# do not pay at these sizes (a product of 12-400 rows per step): on this project's 2-core machine a second thread,
+# or the count lowered at run time (threadpoolctl, which leaves the spare threads spinning), made each product
+# several times slower. OpenBLAS reads the count once, when it loads:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numba  # noqa: E402
