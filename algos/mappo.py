@@ -125,9 +125,10 @@ class Net(nn.Module):
         return self.trunk(self.fc(self.norm(x)), hx, keep)
 
     def trunk(self, x, hx=None, keep=None):  # the rest, from the first layer's output (B, A, h)
+        x = torch.relu(x)
         if hx is None:
-            return self.head(torch.relu(self.mid(torch.relu(x)))), None
-        hs = self.mid(torch.relu(x), hx, keep)  # one step, or with keep (L, N) all L*N (the next state: the last N)
+            return self.head(torch.relu(self.mid(x))), None
+        hs = self.mid(x, hx, keep)  # one step, or with keep (L, N) all L*N (the next state: the last N)
         return self.head(hs), hs[-len(hx) :]
 
 

@@ -31,8 +31,6 @@ import numpy as np
 import envs
 from envs.registry import build_parallel_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def raw_loop(env, actions: np.ndarray, skip_dead: bool = False, with_state: bool = False) -> float:
     """Seconds to step a raw PettingZoo parallel env through `actions` (T, A), resetting when done.

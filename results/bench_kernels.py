@@ -24,6 +24,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from buffers import MinTree, PrioritizedReplayBuffer, SumTree, kernels, reference
 from runtime.gru import gru_sequence, gru_sequence_reference
@@ -144,8 +145,6 @@ GRU_SHAPES = [  # (what trains on it, L steps, B sequences, A agents, H units)
 
 def gru_timings(L, B, A, H, repeats):
     """ms per forward + backward pass: the kernels, the torch loop, torch.nn.GRU (its own weights, no restarts)."""
-    import torch
-
     gen = torch.Generator().manual_seed(0)
     w, b = (
         (0.1 * torch.randn(1, H, 3 * H, generator=gen)).requires_grad_(),
@@ -167,8 +166,6 @@ def gru_timings(L, B, A, H, repeats):
 
 
 def bench_gru(repeats):
-    import torch
-
     torch.set_num_threads(1)
     return [
         dict(shape=name, L=L, B=B, A=A, H=H, ms=gru_timings(L, B, A, H, repeats)) for name, L, B, A, H in GRU_SHAPES

@@ -40,7 +40,9 @@ def gru_sequence(gx, h0, w_hh, b_hh, keep):
         keep: (L, B) 0 where an episode began at step i (the state before step i is zeroed), else 1.
     """
     if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (gx, h0, w_hh, b_hh)):
-        _notice(f"recurrent core: {gx.dtype} tensors on {gx.device.type} run the step-by-step torch loop")
+        warnings.warn(
+            f"recurrent core: {gx.dtype} tensors on {gx.device.type} run the step-by-step torch loop", stacklevel=2
+        )  # once per calling line (Python's default filter)
         return gru_sequence_reference(gx, h0, w_hh, b_hh, keep)
     return _GRUSequence.apply(gx, h0, w_hh, b_hh, keep.to(gx.dtype))
 
@@ -56,15 +58,6 @@ def gru_sequence_reference(gx, h0, w_hh, b_hh, keep):
         h = (1 - z) * torch.tanh(xn + r * hn) + z * h
         hs.append(h)
     return torch.stack(hs)
-
-
-_said = set()
-
-
-def _notice(text):
-    if text not in _said:
-        _said.add(text)
-        warnings.warn(text, stacklevel=3)
 
 
 class _GRUSequence(torch.autograd.Function):
