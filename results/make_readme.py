@@ -303,6 +303,53 @@ def final_policy_cell(entry: dict | None, result: dict) -> str:
     return f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({entry['episodes']} ep. per seed{partial})"
 
 
+# the overview's columns: issue 23's matrix first, then the scripts that joined it
+MATRIX_ORDER = (
+    "mappo",
+    "ippo",
+    "maddpg",
+    "matd3",
+    "iddpg",
+    "masac",
+    "isac",
+    "iql",
+    "vdn",
+    "qmix",
+    "wqmix",
+    "coma",
+    "vdac",
+)
+
+
+def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
+    """MPE tasks x algorithms at a glance: each base row's final policy (mean ± std over seeds) and its budget."""
+    mpe = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if env.startswith("simple")}
+    algos = [a for a in MATRIX_ORDER if any(a in rows for rows in mpe.values())]
+    if not algos:
+        return []
+    lines = ["## MPE at a glance", "",
+             "Final policies (protocol v2 unless marked v1), mean ± std over seeds, and the budget each row was "
+             "trained for: compare cells of equal budget. Variants and per-group returns are in the task sections "
+             "below.", "",
+             "| task | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]  # fmt: skip
+    for env_id, rows in sorted(mpe.items()):
+        cells = []
+        for algo in algos:
+            result = rows.get(algo)
+            if result is None:
+                cells.append("—")
+            elif result.get("evaluation_protocol") == "v2":
+                final = result["summary"]["final_policy"]
+                cells.append(f"{fmt(final['mean'])} ± {fmt(final['std'])} ({fmt_steps(result['total_timesteps'])})")
+            elif eval_final.matches(entry := finals.get(f"{env_id}/{algo}"), result):
+                summary, steps = entry["summary"], fmt_steps(result["total_timesteps"])
+                cells.append(f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({steps}, v1)")
+            else:
+                cells.append("— (v1)")
+        lines.append(f"| {env_id} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def env_section(
     env_id: str, results: list[dict], references: list[dict], notes: list[tuple], finals: dict | None = None
 ) -> list[str]:
@@ -438,6 +485,7 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], fin
     envs = sorted(set(by_env) | {ref["env_id"] for ref in references})
     if not envs:
         lines += ["No results yet.", ""]
+    lines += overview_table(by_env, finals or {})
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)

@@ -662,3 +662,36 @@ def test_a_tournament_page_is_nested_in_the_readme_with_its_heatmap(tmp_path):
     text = make_readme.generate(tmp_path).read_text()
     assert "## Tournaments" in text and "### Tournament on battle_v4" in text
     assert "![score matrix](battle_v4/tournament.png)" in text
+
+
+def test_comm_probe_tells_a_communicating_team_from_a_random_one():
+    import comm_probe
+
+    env = comm_probe.make(comm_probe.ENV_ID, num_envs=1, seed=0, backend="numba")
+    spec = next(iter(env.groups.values()))
+    env.close()
+    rand = comm_probe.probe(comm_probe.random_actor(spec), spec, 300)
+    talk = comm_probe.probe(comm_probe.scripted_actor(spec), spec, 300)
+    assert abs(rand["reach"] - 1 / 3) < 0.07 and rand["symbol_bits"] < 0.01
+    assert talk["reach"] > 0.85 and talk["symbol_bits"] > 1.55 and talk["dist_target"] < talk["dist_other"] / 3
+    assert talk["return"] > rand["return"] + 10
+    x = np.repeat(np.arange(3), 100)  # a symbol that is the colour: log2(3) bits; one that ignores it: 0
+    assert comm_probe.mutual_information_bits(x, x, 10, 3) == pytest.approx(np.log2(3))
+    assert comm_probe.mutual_information_bits(np.zeros_like(x), x, 10, 3) == 0.0
+
+
+def test_the_overview_puts_each_tasks_base_rows_side_by_side_with_their_budgets(tmp_path):
+    out = tmp_path / "results"
+    for env, algo in [
+        ("simple_spread_v3", "qmix"),
+        ("simple_spread_v3", "maddpg-tf64"),
+        ("simple_reference_v3", "vdac"),
+    ]:
+        (out / env).mkdir(parents=True, exist_ok=True)
+        shutil.copy(RESULTS / env / f"{algo}.json", out / env)
+    text = make_readme.generate(out).read_text()
+    table = text.split("## MPE at a glance")[1].split("\n## ")[0]
+    assert "| task | `qmix` | `vdac` |" in table  # base rows only, in the matrix's order; no variant column
+    qmix = json.loads((out / "simple_spread_v3" / "qmix.json").read_text())["summary"]["final_policy"]
+    assert f"| simple_spread_v3 | {qmix['mean']:.2f} ± {qmix['std']:.2f} (10M) | — |" in table
+    assert "| simple_reference_v3 | — | " in table and "(2M) |" in table
