@@ -695,3 +695,18 @@ def test_the_overview_puts_each_tasks_base_rows_side_by_side_with_their_budgets(
     qmix = json.loads((out / "simple_spread_v3" / "qmix.json").read_text())["summary"]["final_policy"]
     assert f"| simple_spread_v3 | {qmix['mean']:.2f} ± {qmix['std']:.2f} (10M) | — |" in table
     assert "| simple_reference_v3 | — | " in table and "(2M) |" in table
+
+
+def test_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
+    import given_speaker
+
+    from envs import make
+
+    env = given_speaker.GivenSpeaker(make("simple_reference_v3", num_envs=4, seed=3, backend="numba"))
+    obs = env.reset()
+    seen = np.argmax(obs.obs["agent"][..., 8:11], -1)  # (E, 2)
+    step = env.step({"agent": np.full((4, 2), 4 + 5 * 7)})  # move +y, symbol 7: the symbol is replaced
+    heard = step.next.obs["agent"][..., 11:21]  # each agent hears its partner's symbol
+    assert (np.argmax(heard, -1) == seen[:, ::-1]).all() and (heard.max(-1) == 1).all()
+    assert (step.next.obs["agent"][..., 1] > 0).all()  # the move stayed the policy's: velocity +y
+    env.close()
