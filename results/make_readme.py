@@ -319,29 +319,41 @@ MATRIX_ORDER = (
     "coma",
     "vdac",
 )
+MATRIX_VARIANT = "3m"  # the matrix's rows: <env>/<algo>-3m.json, every script at its defaults for 3M steps
+MATRIX_COMMAND = (
+    "python results/run.py --algos mappo,ippo,maddpg,matd3,iddpg --envs simple_v3,simple_adversary_v3,"
+    "simple_crypto_v3,simple_push_v3,simple_reference_v3,simple_speaker_listener_v4,simple_spread_v3,simple_tag_v3,"
+    f"simple_world_comm_v3 --seeds 0,1,2 --total-timesteps 3000000 --variant {MATRIX_VARIANT}"
+)
 
 
 def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
-    """MPE tasks x algorithms at a glance: each base row's final policy (mean ± std over seeds) and its budget."""
+    """MPE tasks x algorithms at a glance: each script's final policy (mean ± std over seeds) and its budget, from
+    the matrix row (<algo>-3m) where there is one, else the script's own row."""
     mpe = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if env.startswith("simple")}
-    algos = [a for a in MATRIX_ORDER if any(a in rows for rows in mpe.values())]
+    pick = {
+        env: {a: rows.get(f"{a}-{MATRIX_VARIANT}") or rows.get(a) for a in MATRIX_ORDER} for env, rows in mpe.items()
+    }
+    algos = [a for a in MATRIX_ORDER if any(rows[a] for rows in pick.values())]
     if not algos:
         return []
     lines = ["## MPE at a glance", "",
-             "Final policies (protocol v2 unless marked v1), mean ± std over seeds, and the budget each row was "
-             "trained for: compare cells of equal budget. Variants and per-group returns are in the task sections "
-             "below.", "",
+             "Final policies (protocol v2 unless marked v1), mean ± std over seeds, and the budget each cell was "
+             f"trained for: compare cells of equal budget. A cell is the matrix's row (`<algo>-{MATRIX_VARIANT}`, "
+             "every script at its defaults, 3 seeds x 3M steps) where there is one, else the script's own row. "
+             "Variants and per-group returns are in the task sections below. The matrix:", "",
+             "```bash", MATRIX_COMMAND, "```", "",
              "| task | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]  # fmt: skip
-    for env_id, rows in sorted(mpe.items()):
+    for env_id, rows in sorted(pick.items()):
         cells = []
         for algo in algos:
-            result = rows.get(algo)
+            result = rows[algo]
             if result is None:
                 cells.append("—")
             elif result.get("evaluation_protocol") == "v2":
                 final = result["summary"]["final_policy"]
                 cells.append(f"{fmt(final['mean'])} ± {fmt(final['std'])} ({fmt_steps(result['total_timesteps'])})")
-            elif eval_final.matches(entry := finals.get(f"{env_id}/{algo}"), result):
+            elif eval_final.matches(entry := finals.get(f"{env_id}/{result['algo']}"), result):
                 summary, steps = entry["summary"], fmt_steps(result["total_timesteps"])
                 cells.append(f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({steps}, v1)")
             else:

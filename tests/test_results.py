@@ -680,7 +680,7 @@ def test_comm_probe_tells_a_communicating_team_from_a_random_one():
     assert comm_probe.mutual_information_bits(np.zeros_like(x), x, 10, 3) == 0.0
 
 
-def test_the_overview_puts_each_tasks_base_rows_side_by_side_with_their_budgets(tmp_path):
+def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budget_matrix_rows_first(tmp_path):
     out = tmp_path / "results"
     for env, algo in [
         ("simple_spread_v3", "qmix"),
@@ -691,10 +691,17 @@ def test_the_overview_puts_each_tasks_base_rows_side_by_side_with_their_budgets(
         shutil.copy(RESULTS / env / f"{algo}.json", out / env)
     text = make_readme.generate(out).read_text()
     table = text.split("## MPE at a glance")[1].split("\n## ")[0]
-    assert "| task | `qmix` | `vdac` |" in table  # base rows only, in the matrix's order; no variant column
-    qmix = json.loads((out / "simple_spread_v3" / "qmix.json").read_text())["summary"]["final_policy"]
+    assert "| task | `qmix` | `vdac` |" in table  # one column per script, in the matrix's order; no variant column
+    qmix_result = json.loads((out / "simple_spread_v3" / "qmix.json").read_text())
+    qmix = qmix_result["summary"]["final_policy"]
     assert f"| simple_spread_v3 | {qmix['mean']:.2f} ± {qmix['std']:.2f} (10M) | — |" in table
     assert "| simple_reference_v3 | — | " in table and "(2M) |" in table
+    matrix = dict(qmix_result, algo="qmix-3m", total_timesteps=3_000_000)  # the matrix's row takes the cell
+    matrix["summary"] = dict(qmix_result["summary"], final_policy=dict(qmix, mean=-7.0))
+    (out / "simple_spread_v3" / "qmix-3m.json").write_text(json.dumps(matrix))
+    table = make_readme.generate(out).read_text().split("## MPE at a glance")[1].split("\n## ")[0]
+    assert f"| simple_spread_v3 | -7.00 ± {qmix['std']:.2f} (3M) | — |" in table
+    assert "--total-timesteps 3000000 --variant 3m" in table
 
 
 def test_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
