@@ -149,12 +149,12 @@ class Actor(nn.Module):
         mean, log_std = out.chunk(2, -1)
         return mean, LOG_STD_MIN + (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1) / 2
 
-    def sample(self, obs, avail=None, greedy=False):
+    def sample(self, obs, avail=None, greedy=False, policy=None):
         """Actions (B, A, d) (discrete: one-hot) and log pi of them (B, A); continuous: reparameterized, greedy:
-        tanh of the mean; discrete greedy: the most probable action."""
+        tanh of the mean; discrete greedy: the most probable action. `policy`: self.policy(obs, avail), if known."""
         if not self.spec.discrete:
             return squashed_gaussian(*self.policy(obs), self.low, self.high, greedy)
-        probs, log_probs = self.policy(obs, avail)
+        probs, log_probs = policy or self.policy(obs, avail)
         a = probs.argmax(-1) if greedy else torch.multinomial(probs.flatten(0, -2), 1).view(probs.shape[:-1])
         return F.one_hot(a, self.spec.action_dim).float(), log_probs.gather(-1, a[..., None])[..., 0]
 
@@ -340,16 +340,17 @@ def update(b, nets, optimizers, args, learners, target_entropy):
     # TARGETS: y_i = r_i + gamma (1 - terminated_i) E_a'~pi[min_k Q'^k_i(x', a') - alpha log pi_i(a'_i|o'_i)], with
     # a' sampled from the current policies (no target actor in SAC); discrete: exact over a'_i; truncation bootstraps
     with torch.no_grad():
-        next_actions, next_log_probs = {}, {}
+        next_actions, next_log_probs, next_policy = {}, {}, {}
         for g, actor in actors.items():
             o, avail = b[f"next_obs_{g}"], b.get(f"next_avail_{g}")
-            next_actions[g], next_log_probs[g] = actor.sample(o, avail)
+            next_policy[g] = actor.policy(o, avail) if specs[g].discrete else None  # discrete: the target needs it
+            next_actions[g], next_log_probs[g] = actor.sample(o, avail, policy=next_policy[g])
         targets = {}
         for g in learners:
             x = critic_input(x_next, next_actions, sizes[g], g, own(g, next_actions[g]))
             q_next = critic_targets[g](x).min(0).values
             if specs[g].discrete:  # the expectation over the own action needs the whole distribution
-                probs, log_probs = actors[g].policy(b[f"next_obs_{g}"], b.get(f"next_avail_{g}"))
+                probs, log_probs = next_policy[g]
                 v_next = soft_values(q_next, log_probs, alpha[g], probs)
             else:
                 v_next = soft_values(q_next, next_log_probs[g], alpha[g])
