@@ -704,12 +704,12 @@ def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budge
     assert "--total-timesteps 3000000 --variant 3m" in table
 
 
-def test_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
-    import given_speaker
+def test_comm_screens_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
+    import comm_screens
 
     from envs import make
 
-    env = given_speaker.GivenSpeaker(make("simple_reference_v3", num_envs=4, seed=3, backend="numba"))
+    env = comm_screens.GivenSpeaker(make("simple_reference_v3", num_envs=4, seed=3, backend="numba"))
     obs = env.reset()
     seen = np.argmax(obs.obs["agent"][..., 8:11], -1)  # (E, 2)
     step = env.step({"agent": np.full((4, 2), 4 + 5 * 7)})  # move +y, symbol 7: the symbol is replaced
@@ -717,3 +717,16 @@ def test_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
     assert (np.argmax(heard, -1) == seen[:, ::-1]).all() and (heard.max(-1) == 1).all()
     assert (step.next.obs["agent"][..., 1] > 0).all()  # the move stayed the policy's: velocity +y
     env.close()
+
+
+def test_comm_screens_factored_heads_are_a_product_of_a_move_and_a_symbol_distribution():
+    import comm_screens
+    import torch
+    from torch.distributions import Categorical
+
+    out = torch.randn(4, 2, 50)
+    joint = comm_screens.factored(out).probs.view(4, 2, 10, 5)  # index symbol * 5 + move
+    move, symbol = out[..., :5].softmax(-1), out[..., 5:15].softmax(-1)
+    torch.testing.assert_close(joint, symbol.unsqueeze(-1) * move.unsqueeze(-2))
+    entropy = comm_screens.factored(out).entropy()
+    torch.testing.assert_close(entropy, Categorical(probs=move).entropy() + Categorical(probs=symbol).entropy())
