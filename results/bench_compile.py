@@ -1,0 +1,148 @@
+"""Does torch.compile speed up the PPO update on this CPU? The scripts' own update, eager against compiled.
+
+    python results/bench_compile.py            # writes results/speed/compile.md and compile.json
+
+Issue 22 names `torch.compile` of the update step as one way to the hardware's speed. This measures it on the
+scripts' real update (`update()` of algos/mappo.py and algos/ippo.py at their defaults, one rollout of
+simple_spread_v3 from bench_update.filled_rollout), in three forms, interleaved round by round:
+
+* `eager`: the update as the scripts run it;
+* `networks`: actor and critic compiled (`nn.Module.compile()`: TorchInductor, forward and backward), the loss and
+  Adam eager;
+* `update`: the whole update function under `torch.compile` (Dynamo splits it where it leaves torch: the
+  minibatch sampler, `.item()`).
+
+For each: the median time of one update, the compile time (the first call, minus an eager call), and Dynamo's
+counts (graphs compiled, graph breaks, recompilations). Each compiled form's losses on the same rollout are
+checked against eager's (float tolerance) before it is timed. One torch thread.
+"""
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch._dynamo
+from bench_train import _cpu
+from bench_update import filled_rollout, load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "speed"
+MODES = ("eager", "networks", "update")
+
+
+def prepared(algo, mode):
+    """A fresh policy, optimizer and rollout (same seed: the same numbers) and `run()` doing one update in `mode`."""
+    m = load_script(algo)
+    sys.modules[m.__name__] = m  # Dynamo looks the module of a compiled function up by name
+    torch.manual_seed(0)
+    args, pol, opt, rb, _ = filled_rollout(algo, m)
+    update = m.update
+    if mode == "networks":
+        pol.actor.compile()
+        pol.critic.compile()
+    elif mode == "update":
+        update = torch.compile(m.update)
+    state = copy.deepcopy((pol.state_dict(), opt.state_dict()))
+
+    def run(reset=False):  # reset: from the same weights and sampler, for the equality check
+        if reset:
+            pol.load_state_dict(state[0])
+            opt.load_state_dict(state[1])
+        return update(pol, opt, rb, args, "cpu", np.random.default_rng(0))
+
+    return run
+
+
+def measure(algo, rounds):
+    runs, row = {}, {"algo": algo}
+    eager_losses = None
+    for mode in MODES:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        t0 = time.perf_counter()
+        runs[mode] = prepared(algo, mode)
+        losses = runs[mode](reset=True)
+        first = time.perf_counter() - t0
+        stats = torch._dynamo.utils.counters
+        row[mode] = dict(first_call_s=first, graphs=stats["stats"]["unique_graphs"],
+                         graph_breaks=sum(stats["graph_break"].values()),
+                         recompiles=stats["recompiles"].get("total", 0) if "recompiles" in stats else 0)  # fmt: skip
+        if mode == "eager":
+            eager_losses = losses
+        else:
+            row[mode]["max_loss_difference"] = max(abs(losses[k] - eager_losses[k]) for k in eager_losses)
+    for mode in MODES:  # warm-up outside the timings
+        runs[mode]()
+    times = {mode: [] for mode in MODES}
+    for _ in range(rounds):  # interleaved: a load change touches every mode alike
+        for mode in MODES:
+            t0 = time.perf_counter()
+            runs[mode]()
+            times[mode].append(time.perf_counter() - t0)
+    for mode in MODES:
+        row[mode]["update_ms"] = statistics.median(times[mode]) * 1e3
+        row[mode]["vs_eager"] = row[mode]["update_ms"] / (statistics.median(times["eager"]) * 1e3)
+    row["compile_s"] = {mode: row[mode]["first_call_s"] - row["eager"]["first_call_s"] for mode in MODES[1:]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def markdown(report):
+    loads = [", ".join(f"{x:.1f}" for x in report[k]) for k in ("load_average_before", "load_average")]
+    lines = [
+        "# torch.compile on the PPO update: the scripts' own update, eager against compiled",
+        "",
+        f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), torch {report['torch']}, one torch "
+        f"thread, load average {loads[0]} before and {loads[1]} after. Regenerate: `{report['command']}`. Median of "
+        f"{report['rounds']} updates per form, the forms interleaved; simple_spread_v3 at each script's defaults.",
+        "",
+        "| script | form | update (ms) | / eager | compile (s) | graphs | graph breaks | recompiles | max loss diff |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        for mode in MODES:
+            r = row[mode]
+            compile_s = f"{row['compile_s'][mode]:.1f}" if mode != "eager" else "—"
+            diff = f"{r['max_loss_difference']:.1e}" if mode != "eager" else "—"
+            lines.append(f"| {row['algo']} | {mode} | {r['update_ms']:.1f} | {r['vs_eager']:.2f}x | {compile_s} | "
+                         f"{r['graphs']} | {r['graph_breaks']} | {r['recompiles']} | {diff} |")  # fmt: skip
+    lines += [
+        "",
+        "Forms: `networks` compiles actor and critic (`nn.Module.compile()`, forward and backward through "
+        "TorchInductor's C++ code), the loss and Adam stay eager; `update` puts the whole update function under "
+        "`torch.compile` (Dynamo splits it at the sampler and at `.item()`). A form is worth having only if its "
+        "update is well under 1.00x and its compile time fits the 30 s budget of a default run's first iteration.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algos", default="mappo,ippo", help="comma-separated PPO scripts")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()
+    rows = [measure(a, args.rounds) for a in args.algos.split(",")]
+    report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
+                  torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
+                  rounds=args.rounds, command="python results/bench_compile.py", rows=rows)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "compile.md").write_text(markdown(report))
+    print((args.out / "compile.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
