@@ -12,9 +12,10 @@ simple_spread_v3 from bench_update.filled_rollout), in three forms, interleaved 
 * `update`: the whole update function under `torch.compile` (Dynamo splits it where it leaves torch: the
   minibatch sampler, `.item()`).
 
-For each: the median time of one update, the compile time (the first call, minus an eager call), and Dynamo's
-counts (graphs compiled, graph breaks, recompilations). Each compiled form's losses on the same rollout are
-checked against eager's (float tolerance) before it is timed. One torch thread.
+For each: the median time of one update, the compile time (the first call, minus an eager call; Inductor's disk
+cache starts empty, as on a fresh machine), and Dynamo's counts (graphs compiled, graph breaks, recompilations).
+Each compiled form's losses on the same rollout are checked against eager's (float tolerance) before it is timed.
+One torch thread.
 """
 
 import argparse
@@ -24,15 +25,19 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch._dynamo
-from bench_train import _cpu
-from bench_update import filled_rollout, load_script
+# compile times from a cold start, as a fresh run on a new machine pays them (Inductor caches its kernels on disk)
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_compile_"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+from bench_train import _cpu  # noqa: E402
+from bench_update import filled_rollout, load_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
