@@ -263,29 +263,47 @@ def demote_headings(markdown: str, levels: int = 2) -> str:
     return "\n".join(lines)
 
 
+def seed_group_returns(result: dict) -> tuple[list[dict], str]:
+    """Each seed's return per group, and what they are: the final policy's (protocol v2, 1000 fixed episodes) where
+    every seed has it, else the last periodic evaluation's."""
+    finals = [(p.get("final_policy") or {}).get("per_group") for p in result["per_seed"]]
+    if all(finals):
+        return finals, "final policy"
+    return [p.get("final_eval_return_by_group") or {} for p in result["per_seed"]], "last periodic evaluation"
+
+
+def competitive(results: list[dict]) -> bool:
+    """Whether an env's groups get different returns (adversaries vs agents), not one shared reward (speaker and
+    listener) or a single group."""
+    seeds = [by_group for r in results for by_group in seed_group_returns(r)[0]]
+    groups = {g for by_group in seeds for g in by_group}
+    return len(groups) > 1 and any(len(set(by_group.values())) > 1 for by_group in seeds)
+
+
+def group_cell(seeds: list[dict], group: str) -> str:
+    values = [by_group[group] for by_group in seeds if group in by_group]
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return f"{fmt(float(np.mean(values)))} ± {fmt(std)}" if values else "—"
+
+
 def group_table(results: list[dict]) -> list[str]:
-    """Per group final returns (mean ± std over seeds) where an env has several groups; none otherwise."""
-    per_seed = {r["algo"]: [p.get("final_eval_return_by_group") or {} for p in r["per_seed"]] for r in results}
-    frozen_groups = {r["algo"]: ", ".join(r["config"].get("random_groups") or []) for r in results}
-    groups = sorted({g for seeds in per_seed.values() for by_group in seeds for g in by_group})
-    shared = all(len(set(by_group.values())) <= 1 for seeds in per_seed.values() for by_group in seeds)
-    if len(groups) < 2 or shared:  # one group, or a shared reward (speaker and listener): the main table says it all
+    """Per group returns (mean ± std over seeds) where an env's groups are rewarded differently; none otherwise."""
+    if not competitive(results):  # one group, or a shared reward (speaker and listener): the main table says it all
         return []
+    per_seed = {r["algo"]: seed_group_returns(r) for r in results}
+    frozen_groups = {r["algo"]: ", ".join(r["config"].get("random_groups") or []) for r in results}
+    groups = sorted({g for seeds, _ in per_seed.values() for by_group in seeds for g in by_group})
     lines = [
-        "Per group (each group's final return, mean ± std over seeds; all groups learn, except those a row names as "
-        "frozen to a random policy):",
+        "Per group (each group's return, mean ± std over seeds: the final policy's where the row has one, else the "
+        "last periodic evaluation's; all groups learn, except those a row names as frozen to a random policy):",
         "",
-        "| algorithm | " + " | ".join(f"`{g}`" for g in groups) + " |",
-        "|---|" + "---|" * len(groups),
+        "| algorithm | " + " | ".join(f"`{g}`" for g in groups) + " | of |",
+        "|---|" + "---|" * (len(groups) + 1),
     ]
-    for algo, seeds in per_seed.items():
-        cells = []
-        for g in groups:
-            values = [by_group[g] for by_group in seeds if g in by_group]
-            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-            cells.append(f"{fmt(float(np.mean(values)))} ± {fmt(std)}" if values else "—")
+    for algo, (seeds, source) in per_seed.items():
         frozen = frozen_groups[algo]
-        lines.append(f"| `{algo}`{f' (frozen: {frozen})' if frozen else ''} | " + " | ".join(cells) + " |")
+        cells = [group_cell(seeds, g) for g in groups]
+        lines.append(f"| `{algo}`{f' (frozen: {frozen})' if frozen else ''} | " + " | ".join(cells) + f" | {source} |")
     return [*lines, ""]
 
 
@@ -359,6 +377,24 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
             else:
                 cells.append("— (v1)")
         lines.append(f"| {env_id} | " + " | ".join(cells) + " |")
+    lines.append("")
+    contests = {env: rows for env, rows in sorted(pick.items()) if competitive([r for r in rows.values() if r])}
+    if not contests:
+        return lines
+    lines += ["On the competitive tasks the team mean above mixes opponents. Each group's return (mean ± std over "
+              "seeds; every group learns against the other, with the same script):", "",
+              "| task | group | " + " | ".join(f"`{a}`" for a in algos) + " |",
+              "|---" * (len(algos) + 2) + "|"]  # fmt: skip
+    for env_id, rows in contests.items():
+        returns = {a: seed_group_returns(rows[a]) if rows[a] else ([], "") for a in algos}
+        groups = sorted({g for seeds, _ in returns.values() for by_group in seeds for g in by_group})
+        for group in groups:
+            cells = []
+            for algo in algos:
+                seeds, source = returns[algo]
+                cell = group_cell(seeds, group)
+                cells.append(cell if cell == "—" or source == "final policy" else f"{cell} (last periodic eval.)")
+            lines.append(f"| {env_id} | `{group}` | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 

@@ -384,9 +384,18 @@ def test_competing_groups_get_a_per_group_table(tmp_path):
     assert "| algorithm | `adversary` | `agent` |" in adversary_section
     assert f"| `mappo` | {np.mean(adversary):.2f} ± {np.std(adversary, ddof=1):.2f} |" in adversary_section
     assert "Per group" not in listener_section  # a shared reward: the groups' returns are the same numbers
+    overview = text.split("## MPE at a glance")[1].split("\n## ")[0]  # the team mean mixes opponents: per group too
+    assert f"| simple_adversary_v3 | `adversary` | {np.mean(adversary):.2f} ± " in overview
+    assert "simple_speaker_listener_v4 | `" not in overview
+    finals = (-30.0, -32.0, -34.0, -32.0, -32.0)  # v2 rows: the final policy's per-group returns, not the periodic
+    for p, final in zip(result["per_seed"], finals, strict=True):
+        p["final_policy"] = {"mean": 0.0, "std": 1.0, "episodes": 1000, "protocol": "v2",
+                             "per_group": {"adversary": final, "agent": 5.0}}  # fmt: skip
     result["config"]["random_groups"] = ["adversary"]
     (out / "simple_adversary_v3" / "mappo.json").write_text(json.dumps(result))
-    assert "| `mappo` (frozen: adversary) |" in make_readme.generate(out).read_text()
+    text = make_readme.generate(out).read_text()
+    assert "| `mappo` (frozen: adversary) | -32.00 ± 1.41 | 5.00 ± 0.00 | final policy |" in text
+    assert "| simple_adversary_v3 | `adversary` | -32.00 ± 1.41 |" in text
 
 
 def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
