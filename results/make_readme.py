@@ -338,10 +338,14 @@ MATRIX_ORDER = (
     "vdac",
 )
 MATRIX_VARIANT = "3m"  # the matrix's rows: <env>/<algo>-3m.json, every script at its defaults for 3M steps
-MATRIX_COMMAND = (
-    "python results/run.py --algos mappo,ippo,maddpg,matd3,iddpg --envs simple_v3,simple_adversary_v3,"
-    "simple_crypto_v3,simple_push_v3,simple_reference_v3,simple_speaker_listener_v4,simple_spread_v3,simple_tag_v3,"
-    f"simple_world_comm_v3 --seeds 0,1,2 --total-timesteps 3000000 --variant {MATRIX_VARIANT}"
+MPE_TASKS = ("simple_v3", "simple_adversary_v3", "simple_crypto_v3", "simple_push_v3", "simple_reference_v3",
+             "simple_speaker_listener_v4", "simple_spread_v3", "simple_tag_v3", "simple_world_comm_v3")  # fmt: skip
+COOPERATIVE_TASKS = ("simple_v3", "simple_reference_v3", "simple_speaker_listener_v4", "simple_spread_v3")
+MATRIX_FLAGS = f"--seeds 0,1,2 --total-timesteps 3000000 --variant {MATRIX_VARIANT}"
+MATRIX_COMMANDS = (  # the scripts that train each group apart run every task; one-team scripts, the cooperative ones
+    f"python results/run.py --algos mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,coma --envs {','.join(MPE_TASKS)} "
+    f"{MATRIX_FLAGS}",
+    f"python results/run.py --algos vdn,qmix,wqmix,vdac --envs {','.join(COOPERATIVE_TASKS)} {MATRIX_FLAGS}",
 )
 
 
@@ -359,8 +363,9 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
              "Final policies (protocol v2 unless marked v1), mean ± std over seeds, and the budget each cell was "
              f"trained for: compare cells of equal budget. A cell is the matrix's row (`<algo>-{MATRIX_VARIANT}`, "
              "every script at its defaults, 3 seeds x 3M steps) where there is one, else the script's own row. "
-             "Variants and per-group returns are in the task sections below. The matrix:", "",
-             "```bash", MATRIX_COMMAND, "```", "",
+             "Variants are in the task sections below. The matrix (vdn, qmix, wqmix and vdac train one team on one "
+             "reward, and refuse the competitive tasks with a clear error):", "",
+             "```bash", *MATRIX_COMMANDS, "```", "",
              "| task | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]  # fmt: skip
     for env_id, rows in sorted(pick.items()):
         cells = []

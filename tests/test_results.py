@@ -739,3 +739,15 @@ def test_comm_screens_factored_heads_are_a_product_of_a_move_and_a_symbol_distri
     torch.testing.assert_close(joint, symbol.unsqueeze(-1) * move.unsqueeze(-2))
     entropy = comm_screens.factored(out).entropy()
     torch.testing.assert_close(entropy, Categorical(probs=move).entropy() + Categorical(probs=symbol).entropy())
+
+
+def test_the_matrix_commands_run_every_overview_script_on_the_tasks_it_accepts():
+    scripts = {}  # algo -> the tasks its command gives it
+    for command in make_readme.MATRIX_COMMANDS:
+        words = command.split()
+        algos, envs = words[words.index("--algos") + 1].split(","), words[words.index("--envs") + 1].split(",")
+        for algo in algos:
+            assert (ROOT / "algos" / f"{algo}.py").exists() and algo not in scripts
+            scripts[algo] = set(envs)
+    assert set(scripts) == set(make_readme.MATRIX_ORDER)
+    assert all(len(envs) == 9 or envs == set(make_readme.COOPERATIVE_TASKS) for envs in scripts.values())
