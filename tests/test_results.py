@@ -751,3 +751,15 @@ def test_the_matrix_commands_run_every_overview_script_on_the_tasks_it_accepts()
             scripts[algo] = set(envs)
     assert set(scripts) == set(make_readme.MATRIX_ORDER)
     assert all(len(envs) == 9 or envs == set(make_readme.COOPERATIVE_TASKS) for envs in scripts.values())
+
+
+def test_mpe_ceiling_controllers_walk_to_the_landmark_in_both_action_spaces():
+    import mpe_ceiling
+
+    for continuous in (False, True):
+        still = mpe_ceiling.play(0, 0, continuous, episodes=50)  # no force: the agent stays where it starts
+        walking = mpe_ceiling.play(8, 2, continuous, episodes=50)
+        assert walking > still / 2, (continuous, walking, still)
+    obs = np.array([[[0.0, 0.0, 0.3, -1.0]]], np.float32)  # landmark mostly below: push -y, or -y and some +x
+    assert mpe_ceiling.controller(obs, 8, 2, continuous=False).tolist() == [[3]]
+    np.testing.assert_allclose(mpe_ceiling.controller(obs, 8, 2, continuous=True)[0, 0], [0, 0, 1, 1, 0])
