@@ -382,7 +382,8 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
             else:
                 cells.append("— (v1)")
         lines.append(f"| {env_id} | " + " | ".join(cells) + " |")
-    lines.append("")
+    lines += ["", "What the matrix shows, task by task, and why a script fails where it does: "
+              "[mpe_matrix.md](mpe_matrix.md).", ""]  # fmt: skip
     contests = {env: rows for env, rows in sorted(pick.items()) if competitive([r for r in rows.values() if r])}
     if not contests:
         return lines
