@@ -280,6 +280,11 @@ def competitive(results: list[dict]) -> bool:
     return len(groups) > 1 and any(len(set(by_group.values())) > 1 for by_group in seeds)
 
 
+def group_names(seed_lists) -> list[str]:
+    """The groups named in any seed's returns, sorted."""
+    return sorted({g for seeds in seed_lists for by_group in seeds for g in by_group})
+
+
 def group_cell(seeds: list[dict], group: str) -> str:
     values = [by_group[group] for by_group in seeds if group in by_group]
     std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
@@ -292,7 +297,7 @@ def group_table(results: list[dict]) -> list[str]:
         return []
     per_seed = {r["algo"]: seed_group_returns(r) for r in results}
     frozen_groups = {r["algo"]: ", ".join(r["config"].get("random_groups") or []) for r in results}
-    groups = sorted({g for seeds, _ in per_seed.values() for by_group in seeds for g in by_group})
+    groups = group_names(seeds for seeds, _ in per_seed.values())
     lines = [
         "Per group (each group's return, mean ± std over seeds: the final policy's where the row has one, else the "
         "last periodic evaluation's; all groups learn, except those a row names as frozen to a random policy):",
@@ -393,13 +398,9 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
               "|---" * (len(algos) + 2) + "|"]  # fmt: skip
     for env_id, rows in contests.items():
         returns = {a: seed_group_returns(rows[a]) if rows[a] else ([], "") for a in algos}
-        groups = sorted({g for seeds, _ in returns.values() for by_group in seeds for g in by_group})
-        for group in groups:
-            cells = []
-            for algo in algos:
-                seeds, source = returns[algo]
-                cell = group_cell(seeds, group)
-                cells.append(cell if cell == "—" or source == "final policy" else f"{cell} (last periodic eval.)")
+        for group in group_names(seeds for seeds, _ in returns.values()):
+            mark = {"last periodic evaluation": " (last periodic eval.)"}
+            cells = [group_cell(seeds, group) + mark.get(source, "") for seeds, source in returns.values()]
             lines.append(f"| {env_id} | `{group}` | " + " | ".join(cells) + " |")
     return [*lines, ""]
 

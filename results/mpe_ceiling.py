@@ -64,9 +64,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=1000, help="episodes per setting (default 1000)")
     args = parser.parse_args()
     for continuous in (False, True):
-        best = max(GAINS, key=lambda g: play(*g, continuous, args.episodes))
-        name = "continuous" if continuous else "discrete"
-        print(f"{ENV_ID} {name}: {play(*best, continuous, args.episodes):.2f} (kp {best[0]}, kd {best[1]})")
+        score, kp, kd = max((play(kp, kd, continuous, args.episodes), kp, kd) for kp, kd in GAINS)
+        print(f"{ENV_ID} {'continuous' if continuous else 'discrete'}: {score:.2f} (kp {kp}, kd {kd})")
 
 
 if __name__ == "__main__":

@@ -751,6 +751,9 @@ def test_the_matrix_commands_run_every_overview_script_on_the_tasks_it_accepts()
             scripts[algo] = set(envs)
     assert set(scripts) == set(make_readme.MATRIX_ORDER)
     assert all(len(envs) == 9 or envs == set(make_readme.COOPERATIVE_TASKS) for envs in scripts.values())
+    from envs.registry import REGISTRY
+
+    assert all(REGISTRY[env].family == "mpe" for env in make_readme.MPE_TASKS)
 
 
 def test_mpe_ceiling_controllers_walk_to_the_landmark_in_both_action_spaces():
