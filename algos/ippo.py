@@ -1,6 +1,7 @@
 """IPPO (de Witt et al. 2020, arXiv:2011.09533), results: results/simple_spread_v3/ippo.json"""
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from buffers import RolloutBuffer, to_torch
 from runtime import (
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_groups,
     checkpoint_args,
@@ -30,8 +32,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     # --- IPPO (defaults: the MAPPO paper's MPE settings, shared so the two compare) ---
     learning_rate: float = 7e-4
     """Adam learning rate of actor and critic (the MAPPO paper's MPE value)"""
-    anneal_lr: bool = True
-    """linear learning-rate decay to 0"""
+    anneal_lr: bool = False
+    """linear learning-rate decay to 0 (off, like the MAPPO paper's code: it cuts off slow learners such as
+    simple_reference's communication, results/mpe_matrix.md)"""
     num_steps: int = 25
     """steps per env per rollout"""
     gamma: float = 0.95
@@ -60,8 +63,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """running mean/std normalization of value targets"""
     ortho_init: bool = True
     """orthogonal initialization"""
-    feature_norm: bool = True
-    """LayerNorm on the actor's and critic's inputs (the MAPPO paper's feature normalization)"""
+    feature_norm: Literal["running", "layer", "none"] = "running"
+    """the actor's and critic's inputs: normalized per feature by running mean/std, fixed within a rollout; `layer`:
+    the MAPPO paper's input LayerNorm, which discards each observation's scale (results/mpe_matrix.md)"""
     rnn: bool = False
     """a GRU cell in place of the second hidden layer of actor and critic (recurrent IPPO)"""
     rnn_chunk: int = 25
@@ -110,13 +114,17 @@ class GroupGRU(nn.Module):
         return (1 - z) * torch.tanh(xn + r * hn) + z * hx
 
 
+def feature_norm(args) -> str:  # True and False: the flag in checkpoints from before the running normalization
+    return {True: "layer", False: "none"}.get(args.feature_norm, args.feature_norm)
+
+
 class Net(nn.Module):
     """[LayerNorm] -> Linear -> ReLU -> Linear -> ReLU (--rnn: a GRU cell) -> Linear, on (B, A, d_in)."""
 
     def __init__(self, n, d_in, d_out, args, out_std):
         super().__init__()
         h, o = args.hidden_size, args.ortho_init
-        self.norm = nn.LayerNorm(d_in) if args.feature_norm else nn.Identity()  # inputs of different scales
+        self.norm = nn.LayerNorm(d_in) if feature_norm(args) == "layer" else nn.Identity()
         self.fc = GroupLinear(n, d_in, h, ortho=o)
         self.mid = GroupGRU(n, h, o) if args.rnn else GroupLinear(n, h, h, ortho=o)
         self.head = GroupLinear(n, h, d_out, std=out_std, ortho=o)
@@ -127,29 +135,6 @@ class Net(nn.Module):
             return self.head(torch.relu(self.mid(x))), None
         hs = self.mid(x, hx, keep)  # one step, or with keep (L, N) all L*N (the next state: the last N)
         return self.head(hs), hs[-len(hx) :]
-
-
-class ValueNorm(nn.Module):
-    """Running mean/std of value targets; the critic predicts values in these normalized units."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(()))
-        self.register_buffer("var", torch.ones(()))
-        self.register_buffer("count", torch.tensor(1e-4))
-
-    def update(self, x):  # parallel-variance merge of the batch into the running moments
-        batch_mean, batch_var, n = x.mean(), x.var(unbiased=False), x.numel()
-        delta, total = batch_mean - self.mean, self.count + n
-        self.mean += delta * n / total
-        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.count = total
-
-    def normalize(self, x):
-        return (x - self.mean) / torch.sqrt(self.var + 1e-8)
-
-    def denormalize(self, x):
-        return x * torch.sqrt(self.var + 1e-8) + self.mean
 
 
 class Policy(nn.Module):
@@ -164,7 +149,19 @@ class Policy(nn.Module):
         self.critic = Net(n, obs_dim + ids, 1, args, out_std=1.0)
         if not spec.discrete:  # state-independent log-std
             self.logstd = nn.Parameter(torch.zeros(spec.action_dim))
-        self.value_norm, self.use_value_norm = ValueNorm(), args.value_norm
+        self.value_norm, self.use_value_norm = RunningNorm(), args.value_norm
+        self.feature_norm = feature_norm(args) == "running"
+        if self.feature_norm:  # per-feature input statistics: an observation keeps its scale and offset
+            self.obs_norm = RunningNorm(obs_dim)
+
+    def inputs(self, obs):  # (B, A, *obs_shape) -> flat, normalized by the running statistics (--feature-norm)
+        x = obs.flatten(2)
+        return self._with_id(self.obs_norm.normalize(x).clamp(-10.0, 10.0) if self.feature_norm else x)
+
+    def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
+        if self.feature_norm:
+            alive = torch.as_tensor(rb["agent_mask"])
+            self.obs_norm.update(torch.as_tensor(rb["obs"])[alive].to(self.obs_norm.mean.device))
 
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         if not self.with_id:
@@ -173,7 +170,7 @@ class Policy(nn.Module):
         return torch.cat([x, eye], -1)
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
-        return self.actor(self._with_id(obs.flatten(2)), hx, keep)
+        return self.actor(self.inputs(obs), hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
@@ -183,7 +180,7 @@ class Policy(nn.Module):
         return Categorical(logits=out, validate_args=False)
 
     def critic_values(self, obs, hx=None, keep=None):  # (B, A, *obs_shape) -> normalized V (B, A), next hidden
-        v, hx = self.critic(self._with_id(obs.flatten(2)), hx, keep)
+        v, hx = self.critic(self.inputs(obs), hx, keep)
         return v.squeeze(-1), hx
 
     def value(self, obs, hx=None):  # V in return units (numpy) and the next hidden state
@@ -325,6 +322,7 @@ def main(args):
                     pol.value_norm.update(torch.as_tensor(rb.targets["returns"])[alive].to(device))
                 for k, v in update(pol, optimizers[g], rb, args, device, rng).items():
                     writer.add_scalar(f"losses/{k}" if len(learners) == 1 else f"losses/{k}/{g}", v, global_step)
+                pol.update_input_norms(rb)
                 rb.reset()
 
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)

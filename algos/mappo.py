@@ -1,6 +1,7 @@
 """MAPPO (Yu et al. 2022, arXiv:2103.01955); results: results/simple_spread_v3/mappo.json"""
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from buffers import RolloutBuffer, to_torch
 from runtime import (
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_groups,
     checkpoint_args,
@@ -30,8 +32,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     # --- MAPPO (defaults: the MAPPO paper's MPE settings) ---
     learning_rate: float = 7e-4
     """Adam learning rate of actor and critic (the MAPPO paper's MPE value)"""
-    anneal_lr: bool = True
-    """linear learning-rate decay to 0"""
+    anneal_lr: bool = False
+    """linear learning-rate decay to 0 (off, like the MAPPO paper's code: it cuts off slow learners such as
+    simple_reference's communication, results/mpe_matrix.md)"""
     num_steps: int = 25
     """steps per env per rollout"""
     gamma: float = 0.95
@@ -60,8 +63,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """running mean/std normalization of value targets"""
     ortho_init: bool = True
     """orthogonal initialization"""
-    feature_norm: bool = True
-    """LayerNorm on the actor's and critic's inputs (the MAPPO paper's feature normalization)"""
+    feature_norm: Literal["running", "layer", "none"] = "running"
+    """the actor's and critic's inputs: normalized per feature by running mean/std, fixed within a rollout; `layer`:
+    the MAPPO paper's input LayerNorm, which discards each observation's scale (results/mpe_matrix.md)"""
     rnn: bool = False
     """a GRU cell in place of the second hidden layer of actor and critic (recurrent MAPPO)"""
     rnn_chunk: int = 25
@@ -110,13 +114,17 @@ class GroupGRU(nn.Module):
         return (1 - z) * torch.tanh(xn + r * hn) + z * hx
 
 
+def feature_norm(args) -> str:  # True and False: the flag in checkpoints from before the running normalization
+    return {True: "layer", False: "none"}.get(args.feature_norm, args.feature_norm)
+
+
 class Net(nn.Module):
     """[LayerNorm] -> Linear -> ReLU -> Linear -> ReLU (--rnn: a GRU cell) -> Linear, on (B, A, d_in)."""
 
     def __init__(self, n, d_in, d_out, args, out_std):
         super().__init__()
         h, o = args.hidden_size, args.ortho_init
-        self.norm = nn.LayerNorm(d_in) if args.feature_norm else nn.Identity()  # inputs of different scales
+        self.norm = nn.LayerNorm(d_in) if feature_norm(args) == "layer" else nn.Identity()
         self.fc = GroupLinear(n, d_in, h, ortho=o)
         self.mid = GroupGRU(n, h, o) if args.rnn else GroupLinear(n, h, h, ortho=o)
         self.head = GroupLinear(n, h, d_out, std=out_std, ortho=o)
@@ -132,29 +140,6 @@ class Net(nn.Module):
         return self.head(hs), hs[-len(hx) :]
 
 
-class ValueNorm(nn.Module):
-    """Running mean/std of value targets; the critic predicts values in these normalized units."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(()))
-        self.register_buffer("var", torch.ones(()))
-        self.register_buffer("count", torch.tensor(1e-4))
-
-    def update(self, x):  # parallel-variance merge of the batch into the running moments
-        batch_mean, batch_var, n = x.mean(), x.var(unbiased=False), x.numel()
-        delta, total = batch_mean - self.mean, self.count + n
-        self.mean += delta * n / total
-        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.count = total
-
-    def normalize(self, x):
-        return (x - self.mean) / torch.sqrt(self.var + 1e-8)
-
-    def denormalize(self, x):
-        return x * torch.sqrt(self.var + 1e-8) + self.mean
-
-
 class Policy(nn.Module):
     """One group's decentralized actor (own observation) and centralized critic (global state)."""
 
@@ -162,11 +147,24 @@ class Policy(nn.Module):
         super().__init__()
         self.spec, self.with_id = spec, args.share_params and spec.n_agents > 1
         n, ids = (1 if args.share_params else spec.n_agents), (spec.n_agents if self.with_id else 0)
-        self.actor = Net(n, int(np.prod(spec.obs_shape)) + ids, spec.action_dim, args, out_std=0.01)
+        obs_dim = int(np.prod(spec.obs_shape))
+        self.actor = Net(n, obs_dim + ids, spec.action_dim, args, out_std=0.01)
         self.critic = Net(n, state_dim + ids, 1, args, out_std=1.0)
         if not spec.discrete:  # state-independent log-std
             self.logstd = nn.Parameter(torch.zeros(spec.action_dim))
-        self.value_norm, self.use_value_norm = ValueNorm(), args.value_norm
+        self.value_norm, self.use_value_norm = RunningNorm(), args.value_norm
+        self.feature_norm = feature_norm(args) == "running"
+        if self.feature_norm:  # per-feature input statistics: an observation keeps its scale and offset
+            self.obs_norm, self.state_norm = RunningNorm(obs_dim), RunningNorm(state_dim)
+
+    def inputs(self, x, norm):  # flat observations or states, normalized by their running statistics (--feature-norm)
+        return getattr(self, norm).normalize(x).clamp(-10.0, 10.0) if self.feature_norm else x
+
+    def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
+        if self.feature_norm:
+            alive = torch.as_tensor(rb["agent_mask"])
+            self.obs_norm.update(torch.as_tensor(rb["obs"])[alive].to(self.obs_norm.mean.device))
+            self.state_norm.update(torch.as_tensor(rb["state"]).to(self.state_norm.mean.device))
 
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         if not self.with_id:
@@ -175,7 +173,7 @@ class Policy(nn.Module):
         return torch.cat([x, eye], -1)
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
-        return self.actor(self._with_id(obs.flatten(2)), hx, keep)
+        return self.actor(self._with_id(self.inputs(obs.flatten(2), "obs_norm")), hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
@@ -185,7 +183,7 @@ class Policy(nn.Module):
         return Categorical(logits=out, validate_args=False)
 
     def critic_values(self, state, hx=None, keep=None):  # (B, *S) -> normalized V per agent (B, A), next hidden
-        s = state.flatten(1)  # every agent sees the state (with its id: through the first layer once, not A times)
+        s = self.inputs(state.flatten(1), "state_norm")  # every agent sees it (with its id: one first layer, not A)
         if self.with_id:
             v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx, keep)
         else:
@@ -337,6 +335,7 @@ def main(args):
                     pol.value_norm.update(torch.as_tensor(rb.targets["returns"])[alive].to(device))
                 for k, v in update(pol, optimizers[g], rb, args, device, rng).items():
                     writer.add_scalar(f"losses/{k}" if len(learners) == 1 else f"losses/{k}/{g}", v, global_step)
+                pol.update_input_norms(rb)
                 rb.reset()
 
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)

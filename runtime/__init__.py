@@ -23,9 +23,9 @@
 
 Modules: `args` (the shared flags and env construction), `checks` (argument checks), `checkpoint`
 (atomic save, validated load), `optim` (the guarded optimizer step with per-agent clipping, soft targets), `gru`
-(a GRU over a whole sequence in one call), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals),
-`opponents` (groups frozen to random, to any script's checkpoint, or to self-play: every script's
-`actor(ckpt, group, ...)`).
+(a GRU over a whole sequence in one call), `norm` (running mean/std of value targets and inputs), `evaluation`
+(protocol v2), `run` (run dir, lock, writer, signals), `opponents` (groups frozen to random, to any script's
+checkpoint, or to self-play: every script's `actor(ckpt, group, ...)`).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -44,6 +44,7 @@ from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_c
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.gru import gru_sequence
+from runtime.norm import RunningNorm
 from runtime.optim import optimize, soft_update
 from runtime.run import Run, RunStopped
 
@@ -56,6 +57,7 @@ __all__ = [
     "Run",
     "RunArgs",
     "RunStopped",
+    "RunningNorm",
     "check_action_flags",
     "check_args",
     "checkpoint_args",

@@ -17,16 +17,18 @@ def test_products_are_counted_by_shape():
 
 
 def test_mappo_update_products_are_forward_and_both_gradients_of_every_layer():
-    """6 N d_in d_out FLOPs per layer and epoch: forward, weight gradient, input gradient (LayerNorm's weights need
-    the first layer's input gradient too), for the actor and the centralized critic on simple_spread. The critic's
-    first layer sees each env's state once (N / 3 rows), not once per agent."""
+    """6 N d_in d_out FLOPs per layer and epoch: forward, weight gradient, input gradient, for the actor and the
+    centralized critic on simple_spread; the first layers need no input gradient (4 N d_in d_out). The critic's first
+    layer sees each env's state once (N / 3 rows), not once per agent, and adds its one-hot id's weight row."""
     m = bench_update.load_script("mappo")
     args, pol, opt, rb, rng = bench_update.filled_rollout("mappo", m)
     counts = bench_update.products_of(lambda: m.update(pol, opt, rb, args, "cpu", rng))
     n, h, ids = args.num_envs * args.num_steps * 3, args.hidden_size, 3
     obs, state, actions = 18, 54, 5  # simple_spread_v3 with 3 agents
-    layers = [(n, obs + ids, h), (n, h, h), (n, h, actions), (n // 3, state + ids, h), (n, h, h), (n, h, 1)]
-    expected = 6 * args.update_epochs * sum(rows * i * o for rows, i, o in layers)
+    first = [(n, obs + ids, h), (n // 3, state, h)]
+    upper = [(n, h, h), (n, h, actions), (n, h, h), (n, h, 1)]
+    flops = lambda layers: sum(rows * i * o for rows, i, o in layers)  # noqa: E731
+    expected = args.update_epochs * (4 * flops(first) + 6 * flops(upper))
     assert sum(2 * mm * k * nn * c for (mm, k, nn), c in counts.items()) == expected
 
 

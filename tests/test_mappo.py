@@ -221,11 +221,65 @@ def test_nan_loss_keeps_the_last_sound_checkpoint_and_resumes_with_a_lower_learn
     assert torch.load(tmp_path / "last.pt", weights_only=True)["global_step"] == 200 and (tmp_path / "DONE").exists()
 
 
-@pytest.mark.parametrize("feature_norm", [True, False])
+def make_policy(algo, **flags):
+    from runtime.opponents import script_module
+
+    module = script_module(algo)
+    spec = types.SimpleNamespace(name="agent", n_agents=1, obs_shape=(4,), action_dim=5, discrete=True)
+    args = module.Args(**flags)
+    return module.Policy(spec, 4, args) if algo == "mappo" else module.Policy(spec, args)  # ippo: no state
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_input_normalization_keeps_each_observations_scale(algo):
+    """simple_v3's observation is [velocity, landmark - position]: at rest, a landmark 0.3 away and one 3.0 away in
+    the same direction differ only in scale, and the policy must tell them apart to brake in time. The paper's input
+    LayerNorm mapped both to one input (LayerNorm(x) == LayerNorm(10x)), so both got the same action distribution;
+    --feature-norm normalizes each feature by its running statistics, an affine map that keeps them apart."""
+    torch.manual_seed(0)
+    pol = make_policy(algo)
+    rng = np.random.default_rng(0)
+    obs = np.concatenate([0.2 * rng.standard_normal((16, 8, 1, 2)), rng.standard_normal((16, 8, 1, 2))], -1)
+    pol.update_input_norms({"agent_mask": np.ones((16, 8, 1), bool), "obs": obs, "state": obs.squeeze(2)})
+    near, far = torch.tensor([[[0.0, 0.0, 0.1, -0.3]]]), torch.tensor([[[0.0, 0.0, 1.0, -3.0]]])
+    logits_near, logits_far = pol.actor_out(near)[0], pol.actor_out(far)[0]
+    assert (logits_near - logits_far).abs().max() > 1e-3  # the actor's outputs (std 0.01 at init) differ
+    values_near = pol.critic_values(near if algo == "ippo" else near[0])[0]
+    values_far = pol.critic_values(far if algo == "ippo" else far[0])[0]
+    assert (values_near - values_far).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_input_statistics_are_those_of_the_living_agents_and_are_checkpointed(algo):
+    torch.manual_seed(0)
+    pol = make_policy(algo)
+    rng = np.random.default_rng(1)
+    obs, alive = rng.normal(2.0, 3.0, (25, 4, 1, 4)), rng.random((25, 4, 1)) < 0.7
+    obs[~alive] = 0.0  # a dead agent's observation is zeros: it must not pull the statistics
+    pol.update_input_norms({"agent_mask": alive, "obs": obs, "state": obs.squeeze(2)})
+    pol.update_input_norms({"agent_mask": alive, "obs": obs, "state": obs.squeeze(2)})  # the merge of two batches
+    both = np.concatenate([obs[alive], obs[alive]])
+    torch.testing.assert_close(pol.obs_norm.mean, torch.tensor(both.mean(0), dtype=torch.float32), atol=1e-3, rtol=0)
+    torch.testing.assert_close(pol.obs_norm.var, torch.tensor(both.var(0), dtype=torch.float32), atol=1e-2, rtol=1e-3)
+    fresh = make_policy(algo)
+    fresh.load_state_dict(pol.state_dict())  # the statistics travel with the weights
+    x = torch.tensor(obs[:2, :, :, :].reshape(8, 1, 4), dtype=torch.float32)
+    torch.testing.assert_close(fresh.actor_out(x)[0], pol.actor_out(x)[0])
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_checkpoints_from_before_the_running_normalization_still_load(algo):
+    """Their args hold feature_norm True (the input LayerNorm) or False: they build the networks they were saved."""
+    for old, now in ((True, "layer"), (False, "none")):
+        saved = make_policy(algo, feature_norm=now).state_dict()
+        make_policy(algo, feature_norm=old).load_state_dict(saved)  # strict: the same modules and buffers
+
+
+@pytest.mark.parametrize("feature_norm", ["running", "layer", "none"])
 @pytest.mark.parametrize("rnn", [False, True])
 def test_critic_takes_the_state_once_and_equals_the_per_agent_input(feature_norm, rnn):
     """mappo's shared critic on [state, one-hot id] for every agent, computed from the state once, equals the critic
-    on the (B, A, S + A) input built per agent, with non-trivial LayerNorm weights and hidden states."""
+    on the (B, A, S + A) input built per agent, with non-trivial input statistics, weights and hidden states."""
     from runtime.opponents import script_module
 
     mappo = script_module("mappo")
@@ -235,11 +289,15 @@ def test_critic_takes_the_state_once_and_equals_the_per_agent_input(feature_norm
     pol = mappo.Policy(spec, 11, args)
     with torch.no_grad():
         for p in pol.critic.parameters():
-            p.add_(0.3 * torch.randn_like(p))  # LayerNorm's weight and bias away from 1 and 0
+            p.add_(0.3 * torch.randn_like(p))  # LayerNorm's weight and bias (`layer`) away from 1 and 0
+    if feature_norm == "running":
+        rng = np.random.default_rng(0)
+        pol.update_input_norms({"agent_mask": np.ones((3, 2, 5), bool), "obs": rng.standard_normal((3, 2, 5, 6)),
+                                "state": rng.normal(1.0, 3.0, (3, 2, 11))})  # fmt: skip
     state = 2.0 * torch.randn(7, 11) + 0.5
     hx = torch.randn(7, 5, 16) if rnn else None
     fast, h_fast = pol.critic_values(state, hx)
-    plain, h_plain = pol.critic(pol._with_id(state.unsqueeze(1).expand(-1, 5, -1)), hx)
+    plain, h_plain = pol.critic(pol._with_id(pol.inputs(state, "state_norm").unsqueeze(1).expand(-1, 5, -1)), hx)
     torch.testing.assert_close(fast, plain.squeeze(-1), rtol=1e-5, atol=1e-5)
     if rnn:
         torch.testing.assert_close(h_fast, h_plain, rtol=1e-5, atol=1e-5)

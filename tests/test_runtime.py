@@ -391,3 +391,23 @@ def test_soft_update_moves_targets_tau_of_the_way_for_a_module_or_a_sequence():
     one, other = Stacked(2, 3, 1), Stacked(2, 3, 1)
     soft_update(one, other, 1.0)
     assert all(torch.equal(a, b) for a, b in zip(one.parameters(), other.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_running_norm_merges_batches_into_the_moments_of_their_concatenation(shape):
+    """value targets (shape ()) and per-feature inputs ((3,)): batches of different sizes and offsets, merged one by
+    one, give numpy's mean and variance over all samples; normalize and denormalize are inverse."""
+    from runtime import RunningNorm
+
+    rng = np.random.default_rng(0)
+    moments = ((5.0, 0.1, 7), (-2.0, 3.0, 200), (0.0, 1.0, 1))
+    batches = [rng.normal(loc, scale, (n, *shape)) for loc, scale, n in moments]
+    norm = RunningNorm(shape)
+    for b in batches:
+        norm.update(torch.as_tensor(b))  # float64 in: the moments stay float32
+    every = np.concatenate(batches)
+    assert norm.mean.dtype == torch.float32 and norm.count.item() == pytest.approx(len(every), abs=1e-3)
+    np.testing.assert_allclose(norm.mean.numpy(), every.mean(0), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(norm.var.numpy(), every.var(0), rtol=1e-4, atol=1e-4)
+    x = torch.randn(4, *shape)
+    torch.testing.assert_close(norm.denormalize(norm.normalize(x)), x)

@@ -1,0 +1,33 @@
+"""Running mean and variance, merged batch by batch: value targets and network inputs normalized on the fly."""
+
+import torch
+import torch.nn as nn
+
+
+class RunningNorm(nn.Module):
+    """Running mean/std over samples of shape `shape` (Chan et al.'s parallel merge of each batch's moments).
+
+    Its moments are buffers, so a checkpoint reloads with the statistics its networks acted on. mappo.py and
+    ippo.py normalize value targets with it (the critic predicts values in these units) and, per feature, the
+    networks' inputs (--feature-norm running).
+    """
+
+    def __init__(self, shape=()):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.tensor(1e-4))  # the prior (mean 0, var 1) weighs almost nothing
+
+    def update(self, x):  # x (..., *shape): every leading index is one sample
+        x = x.reshape(-1, *self.mean.shape).to(self.mean)
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), len(x)
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.count = total
+
+    def normalize(self, x):
+        return (x - self.mean) / torch.sqrt(self.var + 1e-8)
+
+    def denormalize(self, x):
+        return x * torch.sqrt(self.var + 1e-8) + self.mean
