@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
 PEERS = ROOT.parent / "shared" / "peers"
 MATCHED = ("--env-id simple_spread_v3 --backend numba --num-envs 16 --num-steps 128 --update-epochs 4 "
-           "--num-minibatches 4 --gamma 0.99 --vf-coef 0.5 --max-grad-norm 0.5 --feature-norm none --no-value-norm "
-           "--huber-delta 0 --eval-interval 0 --eval-episodes 1 --final-eval-episodes 0 --torch-threads 1 "
-           "--no-save-model")  # fmt: skip
+           "--num-minibatches 4 --gamma 0.99 --vf-coef 0.5 --max-grad-norm 0.5 --anneal-lr --feature-norm none "
+           "--no-value-norm --huber-delta 0 --eval-interval 0 --eval-episodes 1 --final-eval-episodes 0 "
+           "--torch-threads 1 --no-save-model")  # fmt: skip
 PAIRS = {  # name -> (our script and flags, JaxMARL's script, our steps, their steps)
     "ippo": ("ippo", "--hidden-size 64 --learning-rate 2.5e-4", "ippo", 327_680, 2_000_000),
     "mappo_rnn": ("mappo", "--rnn --rnn-chunk 128 --hidden-size 128 --learning-rate 2e-3", "mappo", 131_072, 131_072),

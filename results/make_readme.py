@@ -368,7 +368,8 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
              "Final policies (protocol v2 unless marked v1), mean ± std over seeds, and the budget each cell was "
              f"trained for: compare cells of equal budget. A cell is the matrix's row (`<algo>-{MATRIX_VARIANT}`, "
              "every script at its defaults, 3 seeds x 3M steps) where there is one, else the script's own row. "
-             "Variants are in the task sections below. The matrix (vdn, qmix, wqmix and vdac train one team on one "
+             "Variants are in the task sections below; \"stale\": made with older defaults of its script (its section "
+             "says which). The matrix (vdn, qmix, wqmix and vdac train one team on one "
              "reward, and refuse the competitive tasks with a clear error):", "",
              "```bash", *MATRIX_COMMANDS, "```", "",
              "| task | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]  # fmt: skip
@@ -379,11 +380,13 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
             if result is None:
                 cells.append("—")
             elif result.get("evaluation_protocol") == "v2":
-                final = result["summary"]["final_policy"]
-                cells.append(f"{fmt(final['mean'])} ± {fmt(final['std'])} ({fmt_steps(result['total_timesteps'])})")
+                final, steps = result["summary"]["final_policy"], fmt_steps(result["total_timesteps"])
+                stale = ", stale" if config_drift(result) else ""
+                cells.append(f"{fmt(final['mean'])} ± {fmt(final['std'])} ({steps}{stale})")
             elif eval_final.matches(entry := finals.get(f"{env_id}/{result['algo']}"), result):
                 summary, steps = entry["summary"], fmt_steps(result["total_timesteps"])
-                cells.append(f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({steps}, v1)")
+                stale = ", stale" if config_drift(result) else ""
+                cells.append(f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({steps}, v1{stale})")
             else:
                 cells.append("— (v1)")
         lines.append(f"| {env_id} | " + " | ".join(cells) + " |")

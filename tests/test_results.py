@@ -712,6 +712,10 @@ def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budge
     table = make_readme.generate(out).read_text().split("## MPE at a glance")[1].split("\n## ")[0]
     assert f"| simple_spread_v3 | -7.00 ± {qmix['std']:.2f} (3M) | — |" in table
     assert "--total-timesteps 3000000 --variant 3m" in table
+    matrix["config"] = dict(matrix["config"], gamma=0.5)  # made with another default of the script
+    (out / "simple_spread_v3" / "qmix-3m.json").write_text(json.dumps(matrix))
+    table = make_readme.generate(out).read_text().split("## MPE at a glance")[1].split("\n## ")[0]
+    assert f"| simple_spread_v3 | -7.00 ± {qmix['std']:.2f} (3M, stale) | — |" in table
 
 
 def test_comm_screens_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
