@@ -161,7 +161,7 @@ class Policy(nn.Module):
     def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
         if self.feature_norm:
             alive = torch.as_tensor(rb["agent_mask"])
-            self.obs_norm.update(torch.as_tensor(rb["obs"])[alive].to(self.obs_norm.mean.device))
+            self.obs_norm.update(torch.as_tensor(rb["obs"])[alive])  # RunningNorm moves it to its device
 
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         if not self.with_id:
