@@ -652,16 +652,23 @@ def collect(
     return paths, errors
 
 
-def finished_runs(out: Path, envs: list[str] | None = None, algos: list[str] | None = None) -> dict:
-    """Every finished run under ``<out>/runs``: (env_id, algo) -> sorted seeds."""
+def finished_runs(
+    out: Path, envs: list[str] | None = None, algos: list[str] | None = None
+) -> tuple[dict[tuple[str, str], list[int]], list[str]]:
+    """Every finished run under ``<out>/runs``: ((env_id, algo) -> sorted seeds, a line per unfinished seed)."""
     groups: dict[tuple[str, str], list[int]] = {}
+    unfinished = []
     for run_dir in sorted((Path(out) / "runs").glob("*/*/seed*")):
         env_id, algo, name = run_dir.parts[-3:]
         if not name[4:].isdigit() or (envs and env_id not in envs) or (algos and algo not in algos):
             continue
         if is_finished(run_dir):
             groups.setdefault((env_id, algo), []).append(int(name[4:]))
-    return {key: sorted(seeds) for key, seeds in groups.items()}
+        else:
+            record = read_json(run_dir / RECORD_NAME) or {}
+            why = record.get("error") or record.get("status") or "no record and no DONE file"
+            unfinished.append(f"{env_id}/{algo} seed {name[4:]} left out, not finished ({why}): {run_dir}")
+    return {key: sorted(seeds) for key, seeds in groups.items()}, unfinished
 
 
 def _csv(text: str) -> list[str]:
@@ -675,7 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", type=_csv, default=None, help="comma-separated env ids (default: all)")
     parser.add_argument("--algos", type=_csv, default=None, help="comma-separated algorithms (default: all)")
     args = parser.parse_args(argv)
-    groups = finished_runs(args.out, args.envs, args.algos)
+    groups, unfinished = finished_runs(args.out, args.envs, args.algos)
+    for line in unfinished:
+        print(line, file=sys.stderr)
     if not groups:
         print(f"no finished runs under {args.out / 'runs'}", file=sys.stderr)
         return 1

@@ -8,8 +8,12 @@ Runs go to ``<out>/runs/<env_id>/<algo>/seed<S>/`` (git-ignored): the script's o
 stdout+stderr in ``run.log`` and the runner's record ``run.json`` (command, status, times, commit,
 hardware, library versions). A finished run (recorded status "ok", or a DONE file) is skipped when
 the sweep is launched again; a failed one is reported with its log path, the others go on, and the
-exit status is 1. Afterwards every (env, algo) is collected into ``<out>/<env_id>/<algo>.json``
-(see collect.py) and ``<out>/README.md`` is regenerated (see make_readme.py).
+exit status is 1. Two sweeps may share a results root: each run directory is claimed (a lock beside it,
+``.seed<S>.runner.lock``) just before its run starts and held until its record is written. A second sweep
+waits, with a line, for a run that another sweep (or a script started by hand) is executing, then collects
+it if it finished; no sweep empties a directory another holds, or one that holds files no sweep wrote, and
+no record is written over another launch's. Afterwards every (env, algo) is collected into
+``<out>/<env_id>/<algo>.json`` (see collect.py) and ``<out>/README.md`` is regenerated (see make_readme.py).
 
 Usage::
 
@@ -30,6 +34,7 @@ filesystem, the run directory's files (except checkpoints ``*.pt`` and videos) a
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import platform
@@ -55,6 +60,7 @@ VERSION_PACKAGES = ["torch", "numpy", "numba", "pettingzoo", "mpe2", "gymnasium"
 THREAD_VARS = ["OMP_NUM_THREADS", "MKL_NUM_THREADS"]
 NOT_SHIPPED = (".pt", ".mp4", ".gif")  # large files a remote worker keeps
 _LIVE: set[subprocess.Popen] = set()  # this process's running scripts, killed on Ctrl-C
+_STOP = threading.Event()  # set on Ctrl-C: a thread waiting to claim a run directory gives up
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -287,7 +293,14 @@ def plan(args: argparse.Namespace) -> list[Run]:
 
 def triage(run: Run, force: bool) -> str | None:
     """'skip' for a finished run of the same command, a message for a conflict, else None (run it)."""
-    if force or not run_is_finished(run.run_dir):
+    if force:
+        return None
+    if not run_is_finished(run.run_dir):
+        if not (run.run_dir / RECORD_NAME).exists() and run.run_dir.is_dir() and any(run.run_dir.iterdir()):
+            return (
+                f"{run.run_dir} holds files of a run no sweep started (no {RECORD_NAME}); continue it by hand "
+                "(--resume), remove it, use another --out, or pass --force"
+            )
         return None
     recorded = (read_json(run.run_dir / RECORD_NAME) or {}).get("command")
     if recorded is None or recorded == run.command:
@@ -298,8 +311,60 @@ def triage(run: Run, force: bool) -> str | None:
     )
 
 
+def _holder(fd: int) -> str:
+    """The pid a lock file names, "?" when it names none."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 64).decode(errors="replace").strip() or "?"
+
+
+def claim(run: Run, wait: bool, say) -> int | str:
+    """Lock ``run``'s directory for this sweep: the lock's fd, or who holds it (busy and not ``wait``, or stopped).
+
+    The lock file sits beside the directory (emptying the directory keeps it) and the OS releases it when this
+    process dies, even by kill -9. A script started by hand into the directory holds the script's own ``.lock``.
+    While another holds either, nothing in the directory is touched: with ``wait`` the claim is retried every
+    2 s (after one line through ``say``) until it is free or the sweep is stopped.
+    """
+    run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run.run_dir.parent / f".{run.run_dir.name}.runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    said = False
+    while True:
+        if (holder := _try_claim(fd, run.run_dir)) is None:
+            return fd
+        if wait and not said:
+            say(f"{holder}; waiting for it")
+            said = True
+        if not wait or _STOP.wait(2.0):
+            os.close(fd)
+            return holder
+
+
+def _try_claim(fd: int, run_dir: Path) -> str | None:
+    """Take the sweep lock ``fd`` when neither another sweep nor a running script holds the directory; else who does."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return f"in use by another sweep (pid {_holder(fd)})"
+    try:
+        script = os.open(run_dir / ".lock", os.O_RDONLY)
+    except OSError:  # no run has ever held the directory
+        script = None
+    if script is not None:
+        try:
+            fcntl.flock(script, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released at once: only a probe
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return f"in use by a running script (pid {_holder(script)})"
+        finally:
+            os.close(script)
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, str(os.getpid()).encode())
+    return None
+
+
 def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str) -> dict:
-    """Empty the run directory, write the launch record and return the spec that ``execute`` runs."""
+    """Empty the (claimed) run directory, write the launch record and return the spec that ``execute`` runs."""
     if run.run_dir.exists():
         shutil.rmtree(run.run_dir)
     run.run_dir.mkdir(parents=True)
@@ -314,9 +379,9 @@ def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str)
         "commit": commit,
         "sweep_command": sweep_command,
         "env": dict(args.child_env),
+        "launch_id": launch_id,
     }
-    launch_record = {**record, "status": "launched", "launch_id": launch_id}
-    (run.run_dir / RECORD_NAME).write_text(json.dumps(launch_record))
+    (run.run_dir / RECORD_NAME).write_text(json.dumps({**record, "status": "launched"}))
     return {
         "argv": run.argv,
         "cwd": str(REPO_ROOT),
@@ -328,30 +393,47 @@ def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str)
     }
 
 
-def finish(run: Run, record: dict, files: dict[str, bytes] | None) -> None:
-    """Store what a run sent back: its files when it ran elsewhere, and the final run.json."""
+def finish(run: Run, record: dict, files: dict[str, bytes] | None) -> str | None:
+    """Store what a run sent back: its files when it ran elsewhere, and the final run.json.
+
+    Nothing is written when the directory's launch record is not this run's (another launch took the directory):
+    then the reason is returned, else None.
+    """
+    launched = (read_json(run.run_dir / RECORD_NAME) or {}).get("launch_id")
+    if launched != record.get("launch_id"):
+        return f"{run.run_dir} now holds another launch ({launched}); this run's record was not written over it"
     for rel, data in (files or {}).items():
         target = run.run_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     (run.run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
+    return None
 
 
 def _failure_record(run: Run, error: str) -> dict:
     """A record for a run that could not even report back (e.g. a Ray task that died)."""
     previous = read_json(run.run_dir / RECORD_NAME) or {}
-    previous.pop("launch_id", None)
     return {**previous, "status": "failed", "returncode": None, "error": error, "end": utc_now()}
 
 
-def run_local(specs: list[tuple[Run, dict]], workers: int, on_done) -> None:
-    """Execute the runs in a pool of ``workers`` threads, each waiting on its subprocess."""
+def run_local(runs: list[Run], workers: int, start, on_done) -> None:
+    """Execute the runs in a pool of ``workers`` threads, each waiting on its subprocess.
+
+    ``start(run)`` claims and prepares a run when a thread takes it up: its spec, or None when it is not to run.
+    """
+
+    def attempt(run: Run) -> tuple[dict, dict[str, bytes] | None] | None:
+        spec = start(run)
+        return None if spec is None else execute(spec)
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(execute, spec): run for run, spec in specs}
+        futures = {pool.submit(attempt, run): run for run in runs}
         try:
             for future in as_completed(futures):
-                on_done(futures[future], *future.result())
+                if (outcome := future.result()) is not None:
+                    on_done(futures[future], *outcome)
         except KeyboardInterrupt:  # the scripts run in their own sessions: stop them here
+            _STOP.set()
             pool.shutdown(wait=False, cancel_futures=True)
             for proc in list(_LIVE):
                 _kill_group(proc)
@@ -449,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             print(run.command)
         return 0
 
+    _STOP.clear()
     failures: list[str] = []
     todo: list[Run] = []
     collectable: list[Run] = []  # finished now: skipped here or succeeding below
@@ -460,39 +543,67 @@ def main(argv: list[str] | None = None) -> int:
             todo.append(run)
         else:
             failures.append(f"FAILED {run.name}: {verdict}")
-    skipped = len(collectable)
     commit = git_commit()
-    specs = [(run, prepare(run, args, commit, sweep_command)) for run in todo]
 
-    bar = tqdm(total=len(runs), initial=skipped, desc="runs", unit="run", dynamic_ncols=True)
-    counts = {"ok": 0, "skipped": skipped, "failed": len(failures)}
+    bar = tqdm(total=len(runs), initial=len(collectable), desc="runs", unit="run", dynamic_ncols=True)
+    counts = {"ok": 0, "skipped": len(collectable), "failed": len(failures), "busy": 0}
     bar.set_postfix(counts)
     lock = threading.Lock()
+    claims: dict[Path, int] = {}  # run directory -> the fd of this sweep's lock on it, held until its record is written
 
-    def on_done(run: Run, record: dict, files: dict[str, bytes] | None) -> None:
+    def tally(run: Run, outcome: str, message: str | None = None) -> None:
         with lock:
-            finish(run, record, files)
-            if record["status"] == "ok":
-                counts["ok"] += 1
+            counts[outcome] += 1
+            if outcome in ("ok", "skipped"):
                 collectable.append(run)
-                bar.write(f"ok      {run.name} ({record.get('wall_time_s', 0):.1f} s)")
-            else:
-                counts["failed"] += 1
-                message = f"FAILED {run.name}: {record.get('error')}; log: {run.log}"
-                failures.append(message)
+            if message:
                 bar.write(message)
+                if outcome in ("failed", "busy"):
+                    failures.append(message)
             bar.update(1)
             bar.set_postfix(counts)
+
+    def start(run: Run) -> dict | None:
+        """Claim, triage (again: another sweep may have run it meanwhile) and prepare a run just before it runs.
+
+        Locally a busy run is waited for (the other sweep's result is then collected); Ray claims every run at
+        launch, so there a busy run is left to the sweep that holds it.
+        """
+        claimed = claim(run, not args.use_ray, lambda why: bar.write(f"busy    {run.name}: {why}"))
+        if isinstance(claimed, str):
+            tally(run, "busy", f"BUSY   {run.name}: {claimed}; not run, and not in this sweep's results")
+            return None
+        verdict = triage(run, args.force)
+        if verdict is not None:
+            os.close(claimed)
+            if verdict == "skip":
+                tally(run, "skipped", f"skip    {run.name}: finished meanwhile by another sweep")
+            else:
+                tally(run, "failed", f"FAILED {run.name}: {verdict}")
+            return None
+        claims[run.run_dir] = claimed
+        return prepare(run, args, commit, sweep_command)
+
+    def on_done(run: Run, record: dict, files: dict[str, bytes] | None) -> None:
+        clash = finish(run, record, files)
+        os.close(claims.pop(run.run_dir))
+        if clash is not None:
+            tally(run, "failed", f"FAILED {run.name}: {clash}")
+        elif record["status"] == "ok":
+            tally(run, "ok", f"ok      {run.name} ({record.get('wall_time_s', 0):.1f} s)")
+        else:
+            tally(run, "failed", f"FAILED {run.name}: {record.get('error')}; log: {run.log}")
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)  # a killed sweep also stops its scripts
     try:
-        if args.use_ray:
+        if args.use_ray:  # Ray queues every task at once: claim them all now
+            specs = [(run, spec) for run in todo if (spec := start(run)) is not None]
             run_ray(specs, args, on_done)
         else:
-            run_local(specs, args.workers, on_done)
+            run_local(todo, args.workers, start, on_done)
     except KeyboardInterrupt:
         bar.close()
         print("interrupted", file=sys.stderr)
@@ -510,12 +621,16 @@ def main(argv: list[str] | None = None) -> int:
         paths, errors = collect(args.out, groups, args.total_timesteps)
         for path in paths:
             print(f"wrote {path}")
+        for (env_id, algo), seeds in groups.items():
+            if seeds and (left := sorted(set(args.seeds) - set(seeds))):
+                print(f"{env_id}/{algo}: collected without seed(s) {left} (see above)", file=sys.stderr)
         if paths and not args.no_readme:
             import make_readme
 
             print(f"wrote {make_readme.generate(args.out)}")
 
-    print(f"{counts['ok']} ran, {counts['skipped']} skipped, {counts['failed']} failed (of {len(runs)} runs)")
+    busy = f", {counts['busy']} busy" if counts["busy"] else ""
+    print(f"{counts['ok']} ran, {counts['skipped']} skipped, {counts['failed']} failed{busy} (of {len(runs)} runs)")
     for message in failures:
         print(message, file=sys.stderr)
     for error in errors:

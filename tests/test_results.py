@@ -6,6 +6,7 @@ so the expected numbers are recomputed here from that formula. Everything writes
 """
 
 import copy
+import fcntl
 import json
 import os
 import re
@@ -443,6 +444,92 @@ def test_a_terminated_sweep_stops_its_runs(tmp_path):
     for *_, pid in launches(log):
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
+
+
+def _sweep_command(out: Path, *flags: str) -> list[str]:
+    cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(out)]
+    return cmd + ["--envs", "env_x", "--total-timesteps", str(TOTAL), "--algos", "fake_a", "--workers", "1", *flags]
+
+
+def _wait_for(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_two_sweeps_over_the_same_runs_share_them_and_lose_nothing(tmp_path):
+    """A second sweep started while the first runs waits for the run in progress instead of emptying its directory.
+
+    The bug: the second sweep emptied every pending directory at launch, its script then refused the directory
+    the first was using, and its "failed" record replaced the first's finished one; collect dropped that seed.
+    """
+    log = tmp_path / "launches.txt"
+    env = {**os.environ, "FAKE_LAUNCH_LOG": str(log), "FAKE_EVAL_SLEEP": "0.1"}
+    cmd = _sweep_command(tmp_path, "--seeds", "2")
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: launches(log), "the first sweep's first run")
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    first_out, first_err = first.communicate(timeout=180)
+    assert first.returncode == 0, first_out + first_err
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert sorted(int(seed) for *_, seed, _ in launches(log)) == [0, 1]  # each run executed once
+    assert f"busy    env_x fake_a seed 0: in use by another sweep (pid {first.pid}); waiting for it" in second.stdout
+    for seed in (0, 1):
+        record = json.loads((tmp_path / "runs" / "env_x" / "fake_a" / f"seed{seed}" / "run.json").read_text())
+        assert record["status"] == "ok"
+    assert load(tmp_path, "fake_a")["seeds"] == [0, 1]
+
+
+def test_a_sweep_waits_for_a_script_running_in_its_directory_and_never_empties_one_it_did_not_start(tmp_path):
+    run_dir = tmp_path / "runs" / "env_x" / "fake_a" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"status": "failed", "error": "exit status 137"}))
+    (run_dir / "last.pt").write_text("{}")  # resumed by hand after the sweep's run was killed
+    held = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    os.write(held, b"4242")
+    log, stdout = tmp_path / "launches.txt", tmp_path / "sweep.out"
+    with open(stdout, "w") as out:
+        proc = subprocess.Popen(
+            _sweep_command(tmp_path, "--seeds", "0,"),
+            env={**os.environ, "FAKE_LAUNCH_LOG": str(log)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    busy = "busy    env_x fake_a seed 0: in use by a running script (pid 4242); waiting for it"
+    _wait_for(lambda: busy in stdout.read_text(), "the sweep to wait for the script")
+    assert (run_dir / "last.pt").exists() and json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    os.close(held)  # the script ends, its run unfinished: the sweep runs it again
+    assert proc.wait(timeout=60) == 0, stdout.read_text()
+    assert len(launches(log)) == 1 and json.loads((run_dir / "run.json").read_text())["status"] == "ok"
+    # Files with no sweep record at all are someone's own run: refused, not emptied.
+    other = tmp_path / "runs" / "env_x" / "fake_a" / "seed1"
+    other.mkdir()
+    (other / "last.pt").write_text("{}")
+    proc = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "1,", launch_log=log)
+    assert proc.returncode == 1 and "holds files of a run no sweep started (no run.json)" in proc.stderr
+    assert (other / "last.pt").exists() and len(launches(log)) == 1
+
+
+def test_a_record_is_never_written_over_another_launch(tmp_path):
+    argv = ["--algos", "fake_a", "--envs", "env_x", "--seeds", "0,", "--total-timesteps", "7"]
+    (run,) = sweep_runner.plan(sweep_runner.parse_args([*argv, "--algos-dir", str(FAKES), "--out", str(tmp_path)]))
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "run.json").write_text(json.dumps({"status": "ok", "launch_id": "theirs"}))
+    clash = sweep_runner.finish(run, {"status": "failed", "launch_id": "ours"}, None)
+    assert "now holds another launch (theirs)" in clash
+    assert json.loads((run.run_dir / "run.json").read_text())["status"] == "ok"
+
+
+def test_collect_names_the_seeds_it_leaves_out(local_sweep, tmp_path, capsys):
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    record = out / "runs" / "env_x" / "fake_a" / "seed1" / "run.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "status": "failed", "error": "exit status 2"}))
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 0
+    assert "env_x/fake_a seed 1 left out, not finished (exit status 2)" in capsys.readouterr().err
+    assert load(out, "fake_a")["seeds"] == [0]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ A run also writes ``last.pt`` (JSON here, not torch) holding its final evaluatio
 ``--eval-checkpoint PATH`` a fake prints the line the real scripts print, "episodic return M ± S over N
 greedy episodes; per group {...}", with M = that return - 1.0 (a final policy measured on more episodes).
 
-With ``FAKE_LAUNCH_LOG`` set, every launch appends "algo env_id seed pid" to that file.
+With ``FAKE_LAUNCH_LOG`` set, every launch appends "algo env_id seed pid" to that file; ``FAKE_EVAL_SLEEP``
+(seconds) slows each of the 20 evaluations, for tests of sweeps that overlap.
 """
 
 import argparse
@@ -81,6 +82,7 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
         log("charts/SPS", 1000.0 + 10 * args.seed, step)
         log("eval/episodic_return", value, step)
         log("eval/episodic_return/agent", value, step)
+        time.sleep(float(os.environ.get("FAKE_EVAL_SLEEP", 0)))
         if fail_after is not None and i >= fail_after:
             writer.close()
             print(f"{algo}: boom, a deliberate failure at step {step}", file=sys.stderr)
