@@ -10,6 +10,7 @@ from torch.distributions import Categorical, Normal
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
+    INPUT_CLIP,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -18,6 +19,7 @@ from runtime import (
     checkpoint_args,
     cli,
     evaluate_checkpoint,
+    feature_norm,
     gru_sequence,
     make_env,
     make_eval_env,
@@ -114,10 +116,6 @@ class GroupGRU(nn.Module):
         return (1 - z) * torch.tanh(xn + r * hn) + z * hx
 
 
-def feature_norm(args) -> str:  # True and False: the flag in checkpoints from before the running normalization
-    return {True: "layer", False: "none"}.get(args.feature_norm, args.feature_norm)
-
-
 class Net(nn.Module):
     """[LayerNorm] -> Linear -> ReLU -> Linear -> ReLU (--rnn: a GRU cell) -> Linear, on (B, A, d_in)."""
 
@@ -156,7 +154,7 @@ class Policy(nn.Module):
 
     def inputs(self, obs):  # (B, A, *obs_shape) -> flat, normalized by the running statistics (--feature-norm)
         x = obs.flatten(2)
-        return self._with_id(self.obs_norm.normalize(x).clamp(-10.0, 10.0) if self.feature_norm else x)
+        return self._with_id(self.obs_norm.normalize(x, INPUT_CLIP) if self.feature_norm else x)
 
     def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
         if self.feature_norm:

@@ -10,6 +10,7 @@ from torch.distributions import Categorical, Normal
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
+    INPUT_CLIP,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -18,6 +19,7 @@ from runtime import (
     checkpoint_args,
     cli,
     evaluate_checkpoint,
+    feature_norm,
     gru_sequence,
     make_env,
     make_eval_env,
@@ -114,10 +116,6 @@ class GroupGRU(nn.Module):
         return (1 - z) * torch.tanh(xn + r * hn) + z * hx
 
 
-def feature_norm(args) -> str:  # True and False: the flag in checkpoints from before the running normalization
-    return {True: "layer", False: "none"}.get(args.feature_norm, args.feature_norm)
-
-
 class Net(nn.Module):
     """[LayerNorm] -> Linear -> ReLU -> Linear -> ReLU (--rnn: a GRU cell) -> Linear, on (B, A, d_in)."""
 
@@ -158,7 +156,7 @@ class Policy(nn.Module):
             self.obs_norm, self.state_norm = RunningNorm(obs_dim), RunningNorm(state_dim)
 
     def inputs(self, x, norm):  # flat observations or states, normalized by their running statistics (--feature-norm)
-        return getattr(self, norm).normalize(x).clamp(-10.0, 10.0) if self.feature_norm else x
+        return getattr(self, norm).normalize(x, INPUT_CLIP) if self.feature_norm else x
 
     def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
         if self.feature_norm:

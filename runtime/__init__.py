@@ -23,9 +23,9 @@
 
 Modules: `args` (the shared flags and env construction), `checks` (argument checks), `checkpoint`
 (atomic save, validated load), `optim` (the guarded optimizer step with per-agent clipping, soft targets), `gru`
-(a GRU over a whole sequence in one call), `norm` (running mean/std of value targets and inputs), `evaluation`
-(protocol v2), `run` (run dir, lock, writer, signals), `opponents` (groups frozen to random, to any script's
-checkpoint, or to self-play: every script's `actor(ckpt, group, ...)`).
+(a GRU over a whole sequence in one call), `norm` (running mean/std of value targets and inputs, and the
+--feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals), `opponents` (groups
+frozen to random, to any script's checkpoint, or to self-play: every script's `actor(ckpt, group, ...)`).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -44,13 +44,14 @@ from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_c
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.gru import gru_sequence
-from runtime.norm import RunningNorm
+from runtime.norm import INPUT_CLIP, RunningNorm, feature_norm
 from runtime.optim import optimize, soft_update
 from runtime.run import Run, RunStopped
 
 __all__ = [
     "FINAL_EPISODES",
     "FINAL_SEED",
+    "INPUT_CLIP",
     "ArgumentError",
     "CheckpointError",
     "MultiAgentArgs",
@@ -68,6 +69,7 @@ __all__ = [
     "env_signature",
     "evaluate",
     "evaluate_checkpoint",
+    "feature_norm",
     "gru_sequence",
     "load_checkpoint",
     "make_env",

@@ -26,8 +26,20 @@ class RunningNorm(nn.Module):
         self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
         self.count = total
 
-    def normalize(self, x):
-        return (x - self.mean) / torch.sqrt(self.var + 1e-8)
+    def normalize(self, x, clip=None):  # clip: normalized inputs are clipped to [-clip, clip]
+        z = (x - self.mean) / torch.sqrt(self.var + 1e-8)
+        return z if clip is None else z.clamp(-clip, clip)
 
     def denormalize(self, x):
         return x * torch.sqrt(self.var + 1e-8) + self.mean
+
+
+INPUT_CLIP = 10.0  # --feature-norm running: normalized inputs are clipped to [-10, 10]
+
+
+def feature_norm(args) -> str:
+    """The input normalization of mappo.py/ippo.py: "running", "layer" or "none".
+
+    Checkpoints from before the running normalization hold a bool: True (the paper's input LayerNorm) or False.
+    """
+    return {True: "layer", False: "none"}.get(args.feature_norm, args.feature_norm)

@@ -411,3 +411,5 @@ def test_running_norm_merges_batches_into_the_moments_of_their_concatenation(sha
     np.testing.assert_allclose(norm.var.numpy(), every.var(0), rtol=1e-4, atol=1e-4)
     x = torch.randn(4, *shape)
     torch.testing.assert_close(norm.denormalize(norm.normalize(x)), x)
+    far = norm.mean + 100 * torch.sqrt(norm.var)  # 100 std away: clipped to 10 with clip=10, else not
+    assert torch.all(norm.normalize(far, clip=10.0) == 10.0) and torch.all(norm.normalize(far) > 99)
