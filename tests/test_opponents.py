@@ -239,3 +239,44 @@ def test_tournament_runs_and_writes_its_tables(checkpoints, tmp_path, capsys):
     assert code == 2 and "its group 'agent' has [agents, observation shape" in capsys.readouterr().err
     code = tournament.main([str(f) for f in [*flags, "--random"]])
     assert code == 2 and "at least two players" in capsys.readouterr().err
+
+
+# --- results/crossplay.py ---
+
+import crossplay  # noqa: E402
+
+
+@pytest.mark.parametrize("env_id", ["simple_adversary_v3", "simple_crypto_v3", "simple_push_v3", "simple_tag_v3"])
+def test_a_discrete_action_sent_one_hot_moves_the_continuous_env_exactly_alike(env_id):
+    """crossplay plays a discrete team in the continuous env with e_a for action a: mpe2 must do the same with it."""
+    discrete, continuous = crossplay.make(env_id, 2, 5, False), crossplay.make(env_id, 2, 5, True)
+    rng = np.random.default_rng(0)
+    discrete.reset(), continuous.reset()
+    for _ in range(30):
+        actions = {g: rng.integers(0, s.action_dim, (2, s.n_agents)) for g, s in discrete.groups.items()}
+        sa = discrete.step(actions)
+        sb = continuous.step(
+            {g: np.eye(s.action_dim, dtype=np.float32)[actions[g]] for g, s in continuous.groups.items()}
+        )
+        for g in discrete.groups:
+            np.testing.assert_array_equal(sa.next.obs[g], sb.next.obs[g])
+            np.testing.assert_array_equal(sa.rewards[g], sb.rewards[g])
+    discrete.close(), continuous.close()
+
+
+def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_path, capsys):
+    runs = tmp_path / "runs" / "simple_adversary_v3"
+    for algo in ("mappo", "maddpg"):  # discrete and continuous (their defaults)
+        run_inline(NoCapture(), algo, *TINY[algo], *EVAL, *ADVERSARY, "--run-dir", runs / f"{algo}-3m" / "seed0")
+    argv = ["--env-id", "simple_adversary_v3", "--algos", "mappo,maddpg", "--seeds", "0", "--episodes", "4"]
+    assert crossplay.main([*argv, "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    record = json.loads((tmp_path / "out" / "crossplay.json").read_text())
+    assert set(record["per_seed"]) == {"mappo vs mappo", "mappo vs maddpg", "maddpg vs mappo", "maddpg vs maddpg"}
+    assert record["continuous"] == {"mappo": False, "maddpg": True} and record["teams"] == [["adversary"], ["agent"]]
+    assert all(set(r[0]) == {"adversary", "agent"} for r in record["per_seed"].values())
+    assert "**adversary** (team 1) return" in (tmp_path / "out" / "crossplay.md").read_text()
+    # clear errors: a team split that misses a group, a missing checkpoint
+    assert crossplay.main([*argv, "--runs", str(tmp_path / "runs"), "--teams", "adversary/"]) == 2
+    assert "give every group of the env ['adversary', 'agent'] once" in capsys.readouterr().err
+    assert crossplay.main([*argv, "--runs", str(tmp_path / "runs"), "--variant", "10m"]) == 2
+    assert "mappo-10m/seed0/last.pt (and 1 more): train the rows first" in capsys.readouterr().err

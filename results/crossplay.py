@@ -1,0 +1,234 @@
+"""Cross-play on a competitive MPE task: each script's trained team against each script's opposing team.
+
+    python results/crossplay.py --env-id simple_tag_v3 --algos mappo,ippo,maddpg,matd3,iddpg
+    python results/crossplay.py --env-id simple_crypto_v3 --teams eve/alice,bob --algos ...
+
+A matrix row (`<task>/<script>-3m.json`) gives each group's return when the script's groups play one another, its own
+equilibrium: it does not say whose adversaries are better. Here team 1 of script X meets team 2 of script Y, seed s
+of X against seed s of Y (`--seeds`, default 0,1,2: the matrix's), each pair on protocol v2's final episodes (1000,
+env i seeded FINAL_SEED + i, greedy), and every team's return is averaged over the seed pairs. The diagonal is
+then the matrix row's own per-group numbers, which the script checks: exactly on the rows' own episodes, up to
+sampling noise with fewer `--episodes` or `--backend numba` (ours: the same physics, faster, other start states).
+Checkpoints: `<runs>/<task>/<script>-<variant>/seed<s>/last.pt`.
+
+mpe2 has one action space per env. A pair of a discrete and a continuous script plays in the continuous env, the
+discrete team's action a sent as the one-hot vector e_a, which mpe2 turns into the same force and message as the
+discrete action (tests/test_results.py checks it step by step); a team whose discrete and continuous action sizes
+differ cannot be mapped this way, and is refused.
+
+Writes `<out>/crossplay.json` (every pair, the command, the commit) and `crossplay.md`: one matrix per team of its
+mean return (rows: team 1's script, columns: team 2's), and each script's mean over its opponents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import envs  # noqa: E402
+from runtime.checkpoint import read_checkpoint  # noqa: E402
+from runtime.evaluation import BATCH, FINAL_EPISODES, FINAL_SEED  # noqa: E402
+from runtime.opponents import Frozen, load_actor  # noqa: E402
+
+RESULTS_DIR = Path(__file__).resolve().parent
+
+
+def make(env_id: str, n: int, seed: int, continuous: bool, backend: str = "pettingzoo"):
+    """Protocol v2's evaluation env (PettingZoo's mpe2; `backend` "numba": ours, faster, other start states), in the
+    given action space."""
+    return envs.make(env_id, n, seed, vector="sync", backend=backend, continuous_actions=continuous)
+
+
+def split_teams(text: str | None, groups: list[str]) -> tuple[list[str], list[str]]:
+    """'a/b,c' -> (['a'], ['b', 'c']); None: the env's two groups. Every group on exactly one team."""
+    if text is None:
+        if len(groups) != 2:
+            raise ValueError(f"the env has the groups {groups}: name the two teams, e.g. --teams {groups[0]}/"
+                             f"{','.join(groups[1:])}")  # fmt: skip
+        return [groups[0]], [groups[1]]
+    one, sep, two = text.partition("/")
+    teams = ([g for g in one.split(",") if g], [g for g in two.split(",") if g])
+    if not sep or not all(teams) or sorted(teams[0] + teams[1]) != sorted(groups):
+        raise ValueError(f"--teams {text!r}: give every group of the env {groups} once, as TEAM1/TEAM2 with "
+                         f"commas inside a team")  # fmt: skip
+    return teams
+
+
+def one_hot(make_actor, n: int):
+    """A discrete group's actor acting in the continuous env: its action a as the vector e_a of size n."""
+
+    def make_(num_envs, rng):
+        act = make_actor(num_envs, rng)
+
+        def act_(obs, done):
+            return {g: np.eye(n, dtype=np.float32)[a] for g, a in act(obs, done).items()}
+
+        return act_
+
+    return make_
+
+
+def team_actors(path: Path, env_id: str, team: list[str], specs: dict, continuous_env: bool) -> dict:
+    """group -> (make, the checkpoint's group it reads) for every group of `team`, from the checkpoint at `path`."""
+    ckpt = read_checkpoint(str(path))
+    continuous = bool(ckpt["args"].get("continuous_actions"))
+    actors = {}
+    for g in team:
+        own, played = specs[continuous][g], specs[continuous_env][g]
+        make_actor = load_actor(str(path), env_id, own, g, torch.device("cpu"), greedy=True, ckpt=ckpt)
+        if continuous != continuous_env:
+            if own.action_dim != played.action_dim:
+                raise ValueError(f"{path}: group {g!r} has {own.action_dim} discrete actions but {played.action_dim}"
+                                 f" continuous action dimensions, so it cannot play in the continuous env")  # fmt: skip
+            make_actor = one_hot(make_actor, played.action_dim)
+        actors[g] = (make_actor, g)
+    return actors
+
+
+def play(env_id: str, actors: dict, continuous: bool, episodes: int, backend: str) -> dict[str, float]:
+    """Mean return per group over `episodes` episodes, env i seeded FINAL_SEED + i, played BATCH at a time."""
+    returns: dict[str, list] = {}
+    for lo in range(0, episodes, BATCH):
+        n = min(BATCH, episodes - lo)
+        env = make(env_id, n, FINAL_SEED + lo, continuous, backend)
+        try:
+            frozen = Frozen(dict(actors), n, FINAL_SEED + lo)
+            obs, done, left = env.reset(), None, set(range(n))
+            with torch.no_grad():
+                while left:
+                    step = env.step(frozen.actions(obs, done))
+                    for ep in step.episodes:
+                        if ep.env_index in left:
+                            left.discard(ep.env_index)
+                            for g, r in ep.group_returns.items():
+                                returns.setdefault(g, []).append(r)
+                    obs, done = step.next, step.done
+        finally:
+            env.close()
+    return {g: float(np.mean(r)) for g, r in returns.items()}
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=RESULTS_DIR, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def check_diagonal(rows: Path, label: str, cell: dict, seeds: list[int]) -> str | None:
+    """How far a self-play cell is from the matrix row `rows/<label>.json`'s per-group final policies of the same
+    seeds (the same episodes and policies: any difference is a defect); None without that row."""
+    try:
+        per_seed = {p["seed"]: p for p in json.loads((rows / f"{label}.json").read_text())["per_seed"]}
+        groups = [per_seed[s]["final_policy"]["per_group"] for s in seeds]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    gap = max(abs(np.mean([pg[g] for pg in groups]) - v) for g, v in cell.items())
+    return f"`{label}` against itself is within {gap:.2g} of its row's per-group final policies ({label}.json)"
+
+
+def tables(algos: list[str], teams: tuple[list[str], list[str]], cells: dict) -> str:
+    """One markdown matrix per team (its mean return over its groups), rows team 1's script, columns team 2's."""
+    out = []
+    for k, team in enumerate(teams):
+        mean = {(a, b): float(np.mean([cells[a, b][g] for g in team])) for a in algos for b in algos}
+        title = f"**{'+'.join(team)}** (team {k + 1}) return: rows {'+'.join(teams[0])}'s script, columns " \
+                f"{'+'.join(teams[1])}'s script; higher is better for {'+'.join(team)}"  # fmt: skip
+        lines = [title, "", "| | " + " | ".join(f"`{b}`" for b in algos) + " | mean |", "|---" * (len(algos) + 2) + "|"]
+        for a in algos:
+            row = [mean[a, b] for b in algos]
+            lines.append(f"| `{a}` | " + " | ".join(f"{v:.2f}" for v in row) + f" | {np.mean(row):.2f} |")
+        lines.append("| mean | " + " | ".join(f"{np.mean([mean[a, b] for a in algos]):.2f}" for b in algos) + " | |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env-id", "--env", required=True, help="a competitive MPE task, e.g. simple_tag_v3")
+    parser.add_argument("--algos", required=True, help="comma-separated scripts, e.g. mappo,maddpg")
+    parser.add_argument("--variant", default="3m", help="the rows' variant: runs <script>-<variant> (default 3m)")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds paired s with s (default 0,1,2)")
+    parser.add_argument("--teams", default=None, help="TEAM1/TEAM2, groups comma-separated (default: the 2 groups)")
+    parser.add_argument("--episodes", type=int, default=FINAL_EPISODES, help="per seed pair (default: protocol v2's)")
+    parser.add_argument(
+        "--backend",
+        default="pettingzoo",
+        choices=["pettingzoo", "numba"],
+        help="the env: pettingzoo (protocol v2's, default) or numba (ours: faster, other episodes)",
+    )
+    parser.add_argument("--runs", type=Path, default=RESULTS_DIR / "runs", help="run directories' root")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default results/<env>/)")
+    args = parser.parse_args(argv)
+    algos = [a for a in args.algos.split(",") if a]
+    label = (lambda a: f"{a}-{args.variant}") if args.variant else (lambda a: a)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        if len(algos) < 2 or not seeds or args.episodes < 1:
+            raise ValueError("cross-play needs two scripts or more (--algos), a seed (--seeds) and --episodes >= 1")
+        probe = {c: make(args.env_id, 1, 0, c, args.backend) for c in (False, True)}
+        specs = {c: dict(e.groups) for c, e in probe.items()}
+        for e in probe.values():
+            e.close()
+        teams = split_teams(args.teams, list(specs[False]))
+        paths = {(a, s): args.runs / args.env_id / label(a) / f"seed{s}" / "last.pt" for a in algos for s in seeds}
+        if missing := [str(p) for p in paths.values() if not p.is_file()]:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ValueError(f"no checkpoint {missing[0]}{more}: train the rows first (results/run.py), or name "
+                             f"--runs/--variant")  # fmt: skip
+        first = {a: read_checkpoint(str(paths[a, seeds[0]])) for a in algos}
+        continuous = {a: bool(ckpt["args"].get("continuous_actions")) for a, ckpt in first.items()}
+    except (ValueError, OSError, envs.EnvArgumentError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = args.out or RESULTS_DIR / args.env_id
+    start, cells, per_seed = time.time(), {}, {}
+    for a in algos:
+        for b in algos:
+            mixed = continuous[a] or continuous[b]
+            runs = []
+            for s in seeds:
+                try:
+                    actors = team_actors(paths[a, s], args.env_id, teams[0], specs, mixed)
+                    actors |= team_actors(paths[b, s], args.env_id, teams[1], specs, mixed)
+                except ValueError as e:
+                    print(f"error: {e}", file=sys.stderr)
+                    return 2
+                runs.append(play(args.env_id, actors, mixed, args.episodes, args.backend))
+            per_seed[f"{a} vs {b}"] = runs
+            cells[a, b] = {g: float(np.mean([r[g] for r in runs])) for g in runs[0]}
+            shown = ", ".join(f"{g} {v:.2f}" for g, v in cells[a, b].items())
+            print(f"{a} ({'+'.join(teams[0])}) vs {b} ({'+'.join(teams[1])}): {shown}", flush=True)
+    rows = args.runs.parent / args.env_id  # results/runs -> results/<env>/<label>.json
+    same = args.backend == "pettingzoo" and args.episodes == FINAL_EPISODES  # the rows' own episodes: exact
+    checks = [c + ("" if same else " (other episodes: sampling noise)") for a in algos
+              if (c := check_diagonal(rows, label(a), cells[a, a], seeds))]  # fmt: skip
+    command = "python results/crossplay.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    record = dict(env_id=args.env_id, commit=commit(), command=command, algos=algos, variant=args.variant,
+                  seeds=seeds, teams=teams, episodes=args.episodes, continuous=continuous,
+                  seconds=round(time.time() - start, 1), per_seed=per_seed)  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "crossplay.json").write_text(json.dumps(record) + "\n")
+    report = tables(algos, teams, cells)
+    space = ", ".join(f"`{a}` {'continuous' if c else 'discrete'}" for a, c in continuous.items())
+    text = (f"# Cross-play on {args.env_id}\n\nCommand: `{command}` (commit {record['commit']}). Seeds {seeds} paired "
+            f"s with s, {args.episodes} final episodes each, env backend {args.backend}; action spaces: {space} (a "
+            f"mixed pair plays in the continuous env).\n\n{report}\n")  # fmt: skip
+    text += "".join(f"* {c}\n" for c in checks)
+    (out / "crossplay.md").write_text(text)
+    print(report + "".join(f"{c}\n" for c in checks))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
