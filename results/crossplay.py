@@ -14,7 +14,8 @@ Checkpoints: `<runs>/<task>/<script>-<variant>/seed<s>/last.pt`.
 mpe2 has one action space per env. A pair of a discrete and a continuous script plays in the continuous env, the
 discrete team's action a sent as the one-hot vector e_a, which mpe2 turns into the same force and message as the
 discrete action (tests/test_results.py checks it step by step); a team whose discrete and continuous action sizes
-differ cannot be mapped this way, and is refused.
+differ cannot be mapped this way (simple_world_comm_v3's leadadversary: 20 actions, 9 dimensions): such a pair is
+left out ("—"), with a line saying why.
 
 Writes `<out>/crossplay.json` (every pair, the command, the commit) and `crossplay.md`: one matrix per team of its
 mean return (rows: team 1's script, columns: team 2's), and each script's mean over its opponents.
@@ -63,6 +64,10 @@ def split_teams(text: str | None, groups: list[str]) -> tuple[list[str], list[st
     return teams
 
 
+class Unmappable(ValueError):
+    """A discrete team that cannot play in the continuous env (its action sizes differ): that pair is left out."""
+
+
 def one_hot(make_actor, n: int):
     """A discrete group's actor acting in the continuous env: its action a as the vector e_a of size n."""
 
@@ -87,7 +92,7 @@ def team_actors(path: Path, env_id: str, team: list[str], specs: dict, continuou
         make_actor = load_actor(str(path), env_id, own, g, torch.device("cpu"), greedy=True, ckpt=ckpt)
         if continuous != continuous_env:
             if own.action_dim != played.action_dim:
-                raise ValueError(f"{path}: group {g!r} has {own.action_dim} discrete actions but {played.action_dim}"
+                raise Unmappable(f"{path}: group {g!r} has {own.action_dim} discrete actions but {played.action_dim}"
                                  f" continuous action dimensions, so it cannot play in the continuous env")  # fmt: skip
             make_actor = one_hot(make_actor, played.action_dim)
         actors[g] = (make_actor, g)
@@ -137,18 +142,22 @@ def check_diagonal(rows: Path, label: str, cell: dict, seeds: list[int]) -> str 
     return f"`{label}` against itself is within {gap:.2g} of its row's per-group final policies ({label}.json)"
 
 
+def number(v: float) -> str:
+    return "—" if np.isnan(v) else f"{v:.2f}"
+
+
 def tables(algos: list[str], teams: tuple[list[str], list[str]], cells: dict) -> str:
     """One markdown matrix per team (its mean return over its groups), rows team 1's script, columns team 2's."""
     out = []
     for k, team in enumerate(teams):
-        mean = {(a, b): float(np.mean([cells[a, b][g] for g in team])) for a in algos for b in algos}
+        mean = {pair: np.mean([cell[g] for g in team]) if cell else np.nan for pair, cell in cells.items()}
         title = f"**{'+'.join(team)}** (team {k + 1}) return: rows {'+'.join(teams[0])}'s script, columns " \
                 f"{'+'.join(teams[1])}'s script; higher is better for {'+'.join(team)}"  # fmt: skip
         lines = [title, "", "| | " + " | ".join(f"`{b}`" for b in algos) + " | mean |", "|---" * (len(algos) + 2) + "|"]
         for a in algos:
             row = [mean[a, b] for b in algos]
-            lines.append(f"| `{a}` | " + " | ".join(f"{v:.2f}" for v in row) + f" | {np.mean(row):.2f} |")
-        lines.append("| mean | " + " | ".join(f"{np.mean([mean[a, b] for a in algos]):.2f}" for b in algos) + " | |")
+            lines.append(f"| `{a}` | " + " | ".join(map(number, row)) + f" | {number(np.nanmean(row))} |")
+        lines.append("| mean | " + " | ".join(number(np.nanmean([mean[a, b] for a in algos])) for b in algos) + " | |")
         out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"
 
@@ -192,7 +201,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = args.out or RESULTS_DIR / args.env_id
-    start, cells, per_seed = time.time(), {}, {}
+    start, cells, per_seed, left_out = time.time(), {}, {}, []
     for a in algos:
         for b in algos:
             mixed = continuous[a] or continuous[b]
@@ -201,12 +210,18 @@ def main(argv=None) -> int:
                 try:
                     actors = team_actors(paths[a, s], args.env_id, teams[0], specs, mixed)
                     actors |= team_actors(paths[b, s], args.env_id, teams[1], specs, mixed)
+                except Unmappable as e:
+                    left_out.append(f"{a} vs {b} left out: {e}")
+                    print(left_out[-1], flush=True)
+                    break
                 except ValueError as e:
                     print(f"error: {e}", file=sys.stderr)
                     return 2
                 runs.append(play(args.env_id, actors, mixed, args.episodes, args.backend))
             per_seed[f"{a} vs {b}"] = runs
-            cells[a, b] = {g: float(np.mean([r[g] for r in runs])) for g in runs[0]}
+            cells[a, b] = {g: float(np.mean([r[g] for r in runs])) for g in runs[0]} if runs else {}
+            if not runs:
+                continue
             shown = ", ".join(f"{g} {v:.2f}" for g, v in cells[a, b].items())
             print(f"{a} ({'+'.join(teams[0])}) vs {b} ({'+'.join(teams[1])}): {shown}", flush=True)
     rows = args.runs.parent / args.env_id  # results/runs -> results/<env>/<label>.json
@@ -216,7 +231,7 @@ def main(argv=None) -> int:
     command = "python results/crossplay.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     record = dict(env_id=args.env_id, commit=commit(), command=command, algos=algos, variant=args.variant,
                   seeds=seeds, teams=teams, episodes=args.episodes, continuous=continuous,
-                  seconds=round(time.time() - start, 1), per_seed=per_seed)  # fmt: skip
+                  seconds=round(time.time() - start, 1), per_seed=per_seed, left_out=left_out)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossplay.json").write_text(json.dumps(record) + "\n")
     report = tables(algos, teams, cells)
@@ -224,9 +239,9 @@ def main(argv=None) -> int:
     text = (f"# Cross-play on {args.env_id}\n\nCommand: `{command}` (commit {record['commit']}). Seeds {seeds} paired "
             f"s with s, {args.episodes} final episodes each, env backend {args.backend}; action spaces: {space} (a "
             f"mixed pair plays in the continuous env).\n\n{report}\n")  # fmt: skip
-    text += "".join(f"* {c}\n" for c in checks)
+    text += "".join(f"* {c}\n" for c in checks + left_out)
     (out / "crossplay.md").write_text(text)
-    print(report + "".join(f"{c}\n" for c in checks))
+    print(report + "".join(f"{c}\n" for c in checks + left_out))
     return 0
 
 

@@ -280,3 +280,15 @@ def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_
     assert "give every group of the env ['adversary', 'agent'] once" in capsys.readouterr().err
     assert crossplay.main([*argv, "--runs", str(tmp_path / "runs"), "--variant", "10m"]) == 2
     assert "mappo-10m/seed0/last.pt (and 1 more): train the rows first" in capsys.readouterr().err
+
+
+def test_crossplay_leaves_out_a_discrete_team_whose_actions_have_no_one_hot_twin(tmp_path):
+    """simple_world_comm's leadadversary: 20 discrete actions (move x say) but 9 continuous dimensions."""
+    env_id = "simple_world_comm_v3"
+    run_inline(NoCapture(), "mappo", *TINY["mappo"], *EVAL, "--env", env_id, "--run-dir", tmp_path / "m")
+    specs = {c: dict(crossplay.make(env_id, 1, 0, c, "numba").groups) for c in (False, True)}
+    team = ["leadadversary", "adversary"]
+    assert set(crossplay.team_actors(tmp_path / "m" / "last.pt", env_id, team, specs, False)) == set(team)
+    assert set(crossplay.team_actors(tmp_path / "m" / "last.pt", env_id, ["agent"], specs, True)) == {"agent"}
+    with pytest.raises(crossplay.Unmappable, match="'leadadversary' has 20 discrete actions but 9 continuous"):
+        crossplay.team_actors(tmp_path / "m" / "last.pt", env_id, team, specs, True)
