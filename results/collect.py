@@ -101,6 +101,18 @@ class CollectError(Exception):
 # ---------------------------------------------------------------------------------------------------
 
 
+NOT_RESULTS = ("tournament.json", "crossplay.json")  # written beside the result files, by tournament.py, crossplay.py
+
+
+def result_paths(out: Path) -> list[Path]:
+    """The result files under a results root, `<out>/<env_id>/<algo>.json`, sorted."""
+    return [
+        path
+        for path in sorted(Path(out).glob("*/*.json"))
+        if path.parent.name not in ("runs", "speed") and path.name not in NOT_RESULTS
+    ]
+
+
 def run_dir_for(out: Path, env_id: str, algo: str, seed: int) -> Path:
     """The directory of one run inside a results root."""
     return Path(out) / "runs" / env_id / algo / f"seed{seed}"

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect import FINAL_EVAL_NAME, RECORD_NAME, read_json, run_dir_for, sample_std  # noqa: E402
+from collect import FINAL_EVAL_NAME, RECORD_NAME, read_json, result_paths, run_dir_for, sample_std  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = RESULTS_DIR.parent
@@ -140,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / OUTPUT_NAME
     stored = read_json(path) or {}
     failed = False
-    for result_path in sorted(args.out.glob("*/*.json")):
-        if result_path.parent.name in {"runs", "speed"}:
-            continue
+    for result_path in result_paths(args.out):
         result = json.loads(result_path.read_text())
         if result["env_id"] not in (wanted_envs or {result["env_id"]}):
             continue

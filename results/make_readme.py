@@ -13,8 +13,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import json
 import shlex
 import sys
@@ -25,10 +27,9 @@ from pathlib import Path
 import eval_final
 import numpy as np
 import tyro
-from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result, read_json
+from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result, read_json, result_paths
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
-NOT_ENV_DIRS = {"runs", "speed"}
 CURVES_NAME = "curves.png"
 ROOT = RESULTS_DIR.parent  # the per-seed commands run from the repository root
 PER_RUN_KEYS = {"seed", "run_dir", "resume", "eval_checkpoint"}  # differ between seeds by design
@@ -38,9 +39,7 @@ REFERENCE_KEYS = {"env_id", "algo", "mean", "std", "best", "n_seeds", "total_tim
 def load_results(out: Path) -> dict[str, list[dict]]:
     """env_id -> its result documents sorted by algorithm; an invalid file stops with its name."""
     by_env: dict[str, list[dict]] = {}
-    for path in sorted(Path(out).glob("*/*.json")):
-        if path.parent.name in NOT_ENV_DIRS:
-            continue
+    for path in result_paths(out):
         result = json.loads(path.read_text())
         try:
             check_result(result)
@@ -89,7 +88,8 @@ def config_drift(result: dict) -> str | None:
     if not (isinstance(args_cls, type) and dataclasses.is_dataclass(args_cls)):
         return None
     try:
-        today = tyro.cli(args_cls, args=argv[2:])
+        with contextlib.redirect_stderr(io.StringIO()):  # tyro's box on an unknown flag: the answer says it
+            today = tyro.cli(args_cls, args=argv[2:])
     except SystemExit:
         return "its command no longer parses (a flag was renamed or removed)"
     recorded = result["config"]
@@ -342,6 +342,7 @@ MATRIX_ORDER = (
     "coma",
     "vdac",
 )
+NESTED_PAGES = ("tournament.md", "crossplay.md")  # written into this page whole, not linked as notes
 MATRIX_VARIANT = "3m"  # the matrix's rows: <env>/<algo>-3m.json, every script at its defaults for 3M steps
 MPE_TASKS = ("simple_v3", "simple_adversary_v3", "simple_crypto_v3", "simple_push_v3", "simple_reference_v3",
              "simple_speaker_listener_v4", "simple_spread_v3", "simple_tag_v3", "simple_world_comm_v3")  # fmt: skip
@@ -354,7 +355,7 @@ MATRIX_COMMANDS = (  # the scripts that train each group apart run every task; o
 )
 
 
-def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
+def overview_table(by_env: dict[str, list[dict]], finals: dict, crossplay: bool = False) -> list[str]:
     """MPE tasks x algorithms at a glance: each script's final policy (mean ± std over seeds) and its budget, from
     the matrix row (<algo>-3m) where there is one, else the script's own row."""
     mpe = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if env.startswith("simple")}
@@ -405,6 +406,9 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict) -> list[str]:
             mark = {"last periodic evaluation": " (last periodic eval.)"}
             cells = [group_cell(seeds, group) + mark.get(source, "") for seeds, source in returns.values()]
             lines.append(f"| {env_id} | `{group}` | " + " | ".join(cells) + " |")
+    if crossplay:
+        lines += ["", "A group's return here is its script's own equilibrium; whose team is better is settled by "
+                  "[cross-play](#cross-play) below (every script's team against every script's other)."]  # fmt: skip
     return [*lines, ""]
 
 
@@ -543,11 +547,12 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], fin
     envs = sorted(set(by_env) | {ref["env_id"] for ref in references})
     if not envs:
         lines += ["No results yet.", ""]
-    lines += overview_table(by_env, finals or {})
+    crossplays = sorted(Path(out).glob("*/crossplay.md"))
+    lines += overview_table(by_env, finals or {}, bool(crossplays))
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
-        pages = sorted(p.name for p in (Path(out) / env_id).glob("*.md") if p.name != "tournament.md")
+        pages = sorted(p.name for p in (Path(out) / env_id).glob("*.md") if p.name not in NESTED_PAGES)
         if pages:  # tuning screens and diagnoses written beside the results: linked, not nested
             links = ", ".join(f"[{env_id}/{name}]({env_id}/{name})" for name in pages)
             lines += [f"Notes on {env_id} (screens and diagnoses, single seeds, not results): {links}.", ""]
@@ -559,6 +564,11 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], fin
             text = path.read_text().strip().replace("](tournament.png)", f"]({env_dir}/tournament.png)")
             lines += [f"From [{env_dir}/tournament.md]({env_dir}/tournament.md):", ""]
             lines += [demote_headings(text), ""]
+    if crossplays:  # results/crossplay.py: each page nested
+        lines += ["## Cross-play", ""]
+        for path in crossplays:
+            lines += [f"From [{path.parent.name}/crossplay.md]({path.parent.name}/crossplay.md):", ""]
+            lines += [demote_headings(path.read_text().strip()), ""]
     speed_files = sorted((Path(out) / "speed").glob("*.md"))
     if speed_files:
         lines += ["## Speed", ""]

@@ -858,3 +858,14 @@ def test_mpe_ceiling_controllers_walk_to_the_landmark_in_both_action_spaces():
     obs = np.array([[[0.0, 0.0, 0.3, -1.0]]], np.float32)  # landmark mostly below: push -y, or -y and some +x
     assert mpe_ceiling.controller(obs, 8, 2, continuous=False).tolist() == [[3]]
     np.testing.assert_allclose(mpe_ceiling.controller(obs, 8, 2, continuous=True)[0, 0], [0, 0, 1, 1, 0])
+
+
+def test_crossplay_pages_are_nested_in_the_readme_and_their_json_is_not_read_as_a_result(local_sweep, tmp_path):
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    (out / "env_x" / "crossplay.json").write_text(json.dumps({"env_id": "env_x", "per_seed": {}}))
+    (out / "env_x" / "crossplay.md").write_text("# Cross-play on env_x\n\n| | `a` |\n")
+    text = make_readme.generate(out).read_text()
+    assert "## Cross-play\n\nFrom [env_x/crossplay.md](env_x/crossplay.md):\n\n### Cross-play on env_x" in text
+    assert "Notes on env_x" not in text  # not linked as a screen
+    assert [p.name for p in collect.result_paths(out)] == ["fake_a.json", "fake_b.json"]
