@@ -12,10 +12,11 @@ sampling noise with fewer `--episodes` or `--backend numba` (ours: the same phys
 Checkpoints: `<runs>/<task>/<script>-<variant>/seed<s>/last.pt`.
 
 mpe2 has one action space per env. A pair of a discrete and a continuous script plays in the continuous env, the
-discrete team's action a sent as the one-hot vector e_a, which mpe2 turns into the same force and message as the
-discrete action (tests/test_results.py checks it step by step); a team whose discrete and continuous action sizes
-differ cannot be mapped this way (simple_world_comm_v3's leadadversary: 20 actions, 9 dimensions): such a pair is
-left out ("—"), with a line saying why.
+discrete team's action a sent as its continuous twin: the one-hot e_a, or for a group that moves and speaks
+(simple_world_comm_v3's leadadversary: 20 actions = 5 moves x 4 words, 9 dimensions) [e_(a % 5), e_(a // 5)], which
+mpe2 turns into the same force and message as the discrete action (tests/test_opponents.py checks it step by step
+on every competitive task). A group with no such twin is left out of the pairs that need it ("—"), with a line
+saying why.
 
 Writes `<out>/crossplay.json` (every pair, the command, the commit) and `crossplay.md`: one matrix per team of its
 mean return (rows: team 1's script, columns: team 2's), and each script's mean over its opponents.
@@ -65,17 +66,33 @@ def split_teams(text: str | None, groups: list[str]) -> tuple[list[str], list[st
 
 
 class Unmappable(ValueError):
-    """A discrete team that cannot play in the continuous env (its action sizes differ): that pair is left out."""
+    """A discrete team that cannot play in the continuous env (no continuous twin of its actions): the pair is left
+    out."""
 
 
-def one_hot(make_actor, n: int):
-    """A discrete group's actor acting in the continuous env: its action a as the vector e_a of size n."""
+MOVES = 5  # mpe2's movement actions: none, -x, +x, -y, +y
+
+
+def continuous_twin(n: int, d: int):
+    """mpe2's continuous form of its discrete actions (n of them) for a group with d continuous dimensions, as a map
+    of action arrays, or None. A group that only moves or only speaks: a -> e_a (n == d). One that moves and speaks
+    (mpe2 decodes a as move a % 5, word a // 5): a -> [e_(a % 5), e_(a // 5)] (n == 5 * (d - 5))."""
+    if n == d:
+        return lambda a: np.eye(d, dtype=np.float32)[a]
+    if d > MOVES and n == MOVES * (d - MOVES):
+        return lambda a: np.concatenate([np.eye(MOVES, dtype=np.float32)[a % MOVES],
+                                         np.eye(d - MOVES, dtype=np.float32)[a // MOVES]], -1)  # fmt: skip
+    return None
+
+
+def in_continuous_env(make_actor, twin):
+    """A discrete group's actor acting in the continuous env: its actions sent through `twin`."""
 
     def make_(num_envs, rng):
         act = make_actor(num_envs, rng)
 
         def act_(obs, done):
-            return {g: np.eye(n, dtype=np.float32)[a] for g, a in act(obs, done).items()}
+            return {g: twin(a) for g, a in act(obs, done).items()}
 
         return act_
 
@@ -91,10 +108,10 @@ def team_actors(path: Path, env_id: str, team: list[str], specs: dict, continuou
         own, played = specs[continuous][g], specs[continuous_env][g]
         make_actor = load_actor(str(path), env_id, own, g, torch.device("cpu"), greedy=True, ckpt=ckpt)
         if continuous != continuous_env:
-            if own.action_dim != played.action_dim:
+            if (twin := continuous_twin(own.action_dim, played.action_dim)) is None:
                 raise Unmappable(f"{path}: group {g!r} has {own.action_dim} discrete actions but {played.action_dim}"
                                  f" continuous action dimensions, so it cannot play in the continuous env")  # fmt: skip
-            make_actor = one_hot(make_actor, played.action_dim)
+            make_actor = in_continuous_env(make_actor, twin)
         actors[g] = (make_actor, g)
     return actors
 

@@ -246,18 +246,21 @@ def test_tournament_runs_and_writes_its_tables(checkpoints, tmp_path, capsys):
 import crossplay  # noqa: E402
 
 
-@pytest.mark.parametrize("env_id", ["simple_adversary_v3", "simple_crypto_v3", "simple_push_v3", "simple_tag_v3"])
-def test_a_discrete_action_sent_one_hot_moves_the_continuous_env_exactly_alike(env_id):
-    """crossplay plays a discrete team in the continuous env with e_a for action a: mpe2 must do the same with it."""
+@pytest.mark.parametrize(
+    "env_id", ["simple_adversary_v3", "simple_crypto_v3", "simple_push_v3", "simple_tag_v3", "simple_world_comm_v3"]
+)
+def test_a_discrete_actions_continuous_twin_moves_the_continuous_env_exactly_alike(env_id):
+    """crossplay plays a discrete team in the continuous env through the twin of its actions (e_a; world_comm's
+    leadadversary, which moves and speaks: [e_(a % 5), e_(a // 5)]): mpe2 must do the same with it."""
     discrete, continuous = crossplay.make(env_id, 2, 5, False), crossplay.make(env_id, 2, 5, True)
     rng = np.random.default_rng(0)
     discrete.reset(), continuous.reset()
     for _ in range(30):
-        actions = {g: rng.integers(0, s.action_dim, (2, s.n_agents)) for g, s in discrete.groups.items()}
+        groups = discrete.groups.items()
+        actions = {g: rng.integers(0, s.action_dim, (2, s.n_agents)) for g, s in groups}
         sa = discrete.step(actions)
-        sb = continuous.step(
-            {g: np.eye(s.action_dim, dtype=np.float32)[actions[g]] for g, s in continuous.groups.items()}
-        )
+        twins = {g: crossplay.continuous_twin(s.action_dim, continuous.groups[g].action_dim) for g, s in groups}
+        sb = continuous.step({g: twins[g](a) for g, a in actions.items()})
         for g in discrete.groups:
             np.testing.assert_array_equal(sa.next.obs[g], sb.next.obs[g])
             np.testing.assert_array_equal(sa.rewards[g], sb.rewards[g])
@@ -282,13 +285,13 @@ def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_
     assert "mappo-10m/seed0/last.pt (and 1 more): train the rows first" in capsys.readouterr().err
 
 
-def test_crossplay_leaves_out_a_discrete_team_whose_actions_have_no_one_hot_twin(tmp_path):
-    """simple_world_comm's leadadversary: 20 discrete actions (move x say) but 9 continuous dimensions."""
+def test_crossplay_leaves_out_a_discrete_team_whose_actions_have_no_continuous_twin(tmp_path, monkeypatch):
     env_id = "simple_world_comm_v3"
     run_inline(NoCapture(), "mappo", *TINY["mappo"], *EVAL, "--env", env_id, "--run-dir", tmp_path / "m")
     specs = {c: dict(crossplay.make(env_id, 1, 0, c, "numba").groups) for c in (False, True)}
-    team = ["leadadversary", "adversary"]
-    assert set(crossplay.team_actors(tmp_path / "m" / "last.pt", env_id, team, specs, False)) == set(team)
-    assert set(crossplay.team_actors(tmp_path / "m" / "last.pt", env_id, ["agent"], specs, True)) == {"agent"}
+    team, ckpt = ["leadadversary", "adversary"], tmp_path / "m" / "last.pt"
+    assert set(crossplay.team_actors(ckpt, env_id, team, specs, True)) == set(team)  # 20 actions, 9 dimensions
+    assert crossplay.continuous_twin(20, 8) is None and crossplay.continuous_twin(7, 7) is not None
+    monkeypatch.setattr(crossplay, "continuous_twin", lambda n, d: None)  # as if mpe2 had no twin of them
     with pytest.raises(crossplay.Unmappable, match="'leadadversary' has 20 discrete actions but 9 continuous"):
-        crossplay.team_actors(tmp_path / "m" / "last.pt", env_id, team, specs, True)
+        crossplay.team_actors(ckpt, env_id, team, specs, True)
