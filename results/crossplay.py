@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,9 +35,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from run import git_commit  # noqa: E402
+
 import envs  # noqa: E402
 from runtime.checkpoint import read_checkpoint  # noqa: E402
-from runtime.evaluation import BATCH, FINAL_EPISODES, FINAL_SEED  # noqa: E402
+from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate  # noqa: E402
 from runtime.opponents import Frozen, load_actor  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent
@@ -117,34 +118,11 @@ def team_actors(path: Path, env_id: str, team: list[str], specs: dict, continuou
 
 
 def play(env_id: str, actors: dict, continuous: bool, episodes: int, backend: str) -> dict[str, float]:
-    """Mean return per group over `episodes` episodes, env i seeded FINAL_SEED + i, played BATCH at a time."""
-    returns: dict[str, list] = {}
-    for lo in range(0, episodes, BATCH):
-        n = min(BATCH, episodes - lo)
-        env = make(env_id, n, FINAL_SEED + lo, continuous, backend)
-        try:
-            frozen = Frozen(dict(actors), n, FINAL_SEED + lo)
-            obs, done, left = env.reset(), None, set(range(n))
-            with torch.no_grad():
-                while left:
-                    step = env.step(frozen.actions(obs, done))
-                    for ep in step.episodes:
-                        if ep.env_index in left:
-                            left.discard(ep.env_index)
-                            for g, r in ep.group_returns.items():
-                                returns.setdefault(g, []).append(r)
-                    obs, done = step.next, step.done
-        finally:
-            env.close()
-    return {g: float(np.mean(r)) for g, r in returns.items()}
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=RESULTS_DIR, capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """Mean return per group over protocol v2's final episodes (`episodes` of them, env i seeded FINAL_SEED + i),
+    the teams acted for by `actors` (greedy: the actors' random streams are never drawn)."""
+    make_env = lambda n, seed: make(env_id, n, seed, continuous, backend)  # noqa: E731
+    _, groups = evaluate(make_env, lambda n, rng: Frozen(dict(actors), n, FINAL_SEED).actions, episodes, FINAL_SEED)
+    return {g: float(np.mean(r)) for g, r in groups.items()}
 
 
 def check_diagonal(rows: Path, label: str, cell: dict, seeds: list[int]) -> str | None:
@@ -246,7 +224,7 @@ def main(argv=None) -> int:
     checks = [c + ("" if same else " (other episodes: sampling noise)") for a in algos
               if (c := check_diagonal(rows, label(a), cells[a, a], seeds))]  # fmt: skip
     command = "python results/crossplay.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    record = dict(env_id=args.env_id, commit=commit(), command=command, algos=algos, variant=args.variant,
+    record = dict(env_id=args.env_id, commit=git_commit(), command=command, algos=algos, variant=args.variant,
                   seeds=seeds, teams=teams, episodes=args.episodes, continuous=continuous,
                   seconds=round(time.time() - start, 1), per_seed=per_seed, left_out=left_out)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
