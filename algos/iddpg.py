@@ -12,6 +12,7 @@ from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_t
 from runtime import (
     MultiAgentArgs,
     Run,
+    adam,
     check_action_flags,
     check_args,
     check_groups,
@@ -200,11 +201,10 @@ def main(args):
         evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
         return
 
-    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
-    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
-    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
-                                             fused=fused),
-                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
+    optimizers = dict(
+        actor=adam([p for g in learners for p in actors[g].parameters()], args.actor_lr),
+        critic=adam(critics.parameters(), args.critic_lr),
+    )  # fused Adam: runtime/optim.py
     fields = joint_fields(env.groups)
     per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
     rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)

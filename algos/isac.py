@@ -14,6 +14,7 @@ from runtime import (
     ArgumentError,
     MultiAgentArgs,
     Run,
+    adam,
     check_action_flags,
     check_args,
     check_groups,
@@ -229,11 +230,10 @@ def main(args):
         return
 
     target_entropy = {g: target_entropy_of(env.groups[g], args) for g in learners}
-    # fused Adam: one kernel for all parameters (on the CPU since torch 2.4), ~3x faster than the per-tensor loop
-    fused = device.type == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
-    optimizers = dict(actor=torch.optim.Adam([p for g in learners for p in actors[g].parameters()], lr=args.actor_lr,
-                                             fused=fused),
-                      critic=torch.optim.Adam(critics.parameters(), lr=args.critic_lr, fused=fused))  # fmt: skip
+    optimizers = dict(
+        actor=adam([p for g in learners for p in actors[g].parameters()], args.actor_lr),
+        critic=adam(critics.parameters(), args.critic_lr),
+    )  # fused Adam: runtime/optim.py
     if args.autotune:
         optimizers["alpha"] = torch.optim.Adam(alphas.parameters(), lr=args.alpha_lr)
     fields = joint_fields(env.groups)

@@ -6,18 +6,21 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.distributions import Categorical, Normal
+from torch.distributions import Normal
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
     INPUT_CLIP,
+    Categorical,
     MultiAgentArgs,
     Run,
     RunningNorm,
+    adam,
     check_args,
     check_groups,
     checkpoint_args,
     cli,
+    clip_grad_norm,
     evaluate_checkpoint,
     feature_norm,
     gru_sequence,
@@ -94,10 +97,10 @@ class GroupLinear(nn.Module):
         for w in self.weight.data:
             nn.init.orthogonal_(w, std) if ortho else nn.init.kaiming_uniform_(w.T, a=5**0.5)
 
-    def forward(self, x):  # (B, A, d_in) -> (B, A, d_out)
-        if self.weight.shape[0] == 1:
-            return x @ self.weight[0] + self.bias[0]
-        return torch.einsum("bai,aio->bao", x, self.weight) + self.bias.transpose(0, 1)
+    def forward(self, x):  # (B, A, d_in) -> (B, A, d_out), product and bias in one op
+        if self.weight.shape[0] == 1:  # shared: every agent of every env one row
+            return torch.baddbmm(self.bias, x.reshape(1, -1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+        return torch.baddbmm(self.bias, x.transpose(0, 1), self.weight).transpose(0, 1)  # agent a: its own layer
 
 
 class GroupGRU(nn.Module):
@@ -144,6 +147,7 @@ class Policy(nn.Module):
     def __init__(self, spec, state_dim, args):
         super().__init__()
         self.spec, self.with_id = spec, args.share_params and spec.n_agents > 1
+        self.register_buffer("ids", torch.eye(spec.n_agents), persistent=False)  # the agent-id one-hots
         n, ids = (1 if args.share_params else spec.n_agents), (spec.n_agents if self.with_id else 0)
         obs_dim = int(np.prod(spec.obs_shape))
         self.actor = Net(n, obs_dim + ids, spec.action_dim, args, out_std=0.01)
@@ -167,8 +171,7 @@ class Policy(nn.Module):
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         if not self.with_id:
             return x
-        eye = torch.eye(self.spec.n_agents, device=x.device).expand(*x.shape[:-1], self.spec.n_agents)
-        return torch.cat([x, eye], -1)
+        return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1)
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
         return self.actor(self._with_id(self.inputs(obs.flatten(2), "obs_norm")), hx, keep)
@@ -176,9 +179,7 @@ class Policy(nn.Module):
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
             return Normal(out, self.logstd.exp().expand_as(out), validate_args=False)  # checks cost ~10% of acting
-        if avail is not None:  # action masks: unavailable actions get zero probability
-            out = out.masked_fill(avail == 0, -1e9)
-        return Categorical(logits=out, validate_args=False)
+        return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, state, hx=None, keep=None):  # (B, *S) -> normalized V per agent (B, A), next hidden
         s = self.inputs(state.flatten(1), "state_norm")  # every agent sees it (with its id: one first layer, not A)
@@ -192,10 +193,11 @@ class Policy(nn.Module):
         v, hx = self.critic_values(state, hx)
         return (self.value_norm.denormalize(v) if self.use_value_norm else v).cpu().numpy(), hx
 
-    def log_prob_entropy(self, d, actions):
-        if self.spec.discrete:
-            return d.log_prob(actions), d.entropy()
-        return d.log_prob(actions).sum(-1), d.entropy().sum(-1)
+    def log_prob(self, d, actions):  # of each agent's action (a Gaussian's dimensions summed)
+        return d.log_prob(actions) if self.spec.discrete else d.log_prob(actions).sum(-1)
+
+    def entropy(self, d):
+        return d.entropy() if self.spec.discrete else d.entropy().sum(-1)
 
 
 def t(x, device):
@@ -212,6 +214,8 @@ def initial_hidden(policies, args, num_envs, device):  # group -> zero hidden st
 
 
 def reset_finished(hidden, done, device):  # zero the hidden states of the envs whose episode just ended
+    if all(h is None for h in hidden.values()):
+        return hidden
     keep = t(~done, device).view(-1, 1, 1)
     return {g: None if h is None else h * keep for g, h in hidden.items()}
 
@@ -224,8 +228,8 @@ def act(policies, obs, device, hidden, greedy=False):
         spec, avail = pol.spec, obs.avail_actions.get(g)
         out, hidden[g] = pol.actor_out(t(obs.obs[g], device), hidden[g])
         d = pol.dist(out, None if avail is None else t(avail, device))
-        a = (d.probs.argmax(-1) if spec.discrete else d.mean) if greedy else d.sample()
-        taken[g] = {"actions": a.cpu().numpy(), "logprobs": pol.log_prob_entropy(d, a)[0].cpu().numpy()}
+        a = d.mode if greedy else d.sample()
+        taken[g] = {"actions": a.cpu().numpy(), "logprobs": pol.log_prob(d, a).cpu().numpy()}
         a = taken[g]["actions"]  # the log-probability belongs to the sample: only the env sees it clipped
         actions[g] = a if spec.discrete else np.clip(a, spec.action_low, spec.action_high).astype(np.float32)
     return actions, taken
@@ -273,7 +277,7 @@ def main(args):
     learners = check_groups(args, env)
     state_dim = int(np.prod(env.state_shape))
     policies = {g: Policy(spec, state_dim, args).to(device) for g, spec in env.groups.items()}
-    optimizers = {g: torch.optim.Adam(policies[g].parameters(), lr=args.learning_rate, eps=1e-5) for g in learners}
+    optimizers = {g: adam(policies[g].parameters(), args.learning_rate, eps=1e-5) for g in learners}
 
     make_greedy = acting(policies, args, device)  # evaluation: greedy actions
     eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
@@ -404,7 +408,8 @@ def update(pol, opt, rb, args, device, rng):
             mb = to_torch(mb, device)
             mask = mb["agent_mask"]  # death masking: a dead agent's steps weigh nothing in any loss
             out, new_v = forward_batch(pol, mb, args)  # new_v in normalized units, like the targets below
-            logprob, entropy = pol.log_prob_entropy(pol.dist(out, mb.get("avail_actions")), mb["actions"])
+            d = pol.dist(out, mb.get("avail_actions"))
+            logprob, entropy = pol.log_prob(d, mb["actions"]), pol.entropy(d)
             logratio = logprob - mb["logprobs"]
             ratio = logratio.exp()
             with torch.no_grad():
@@ -434,8 +439,8 @@ def update(pol, opt, rb, args, device, rng):
                 )
             opt.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(pol.actor.parameters(), args.max_grad_norm)
-            nn.utils.clip_grad_norm_(pol.critic.parameters(), args.max_grad_norm)
+            clip_grad_norm(pol.actor.parameters(), args.max_grad_norm)
+            clip_grad_norm(pol.critic.parameters(), args.max_grad_norm)
             opt.step()
     ret, val = rb.targets["returns"], rb["values"]
     explained_var = 0.0 if np.var(ret) == 0 else float(1 - np.var(ret - val) / np.var(ret))

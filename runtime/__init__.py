@@ -40,19 +40,22 @@ from runtime.args import (
     make_eval_env,
     setup,
 )
+from runtime.categorical import Categorical
 from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint, sub_state
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.gru import gru_sequence
 from runtime.norm import INPUT_CLIP, RunningNorm, feature_norm
-from runtime.optim import optimize, soft_update
+from runtime.optim import adam, clip_grad_norm, optimize, soft_update
 from runtime.run import Run, RunStopped
 
 __all__ = [
+    "adam",
     "FINAL_EPISODES",
     "FINAL_SEED",
     "INPUT_CLIP",
     "ArgumentError",
+    "Categorical",
     "CheckpointError",
     "MultiAgentArgs",
     "Run",
@@ -60,6 +63,7 @@ __all__ = [
     "RunStopped",
     "RunningNorm",
     "check_action_flags",
+    "clip_grad_norm",
     "check_args",
     "checkpoint_args",
     "check_discrete",

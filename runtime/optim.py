@@ -1,6 +1,9 @@
-"""The optimizer step of the off-policy actor-critics: a loss refused when it is not finite, each agent's network
-clipped on its own, and Polyak-averaged target networks.
+"""Optimizers and their steps: Adam fused where torch has it, gradient clipping in foreach ops, the off-policy
+actor-critics' guarded step (a loss refused when it is not finite, each agent's network clipped on its own), and
+Polyak-averaged target networks.
 
+    optimizer = adam(policy.parameters(), args.learning_rate, eps=1e-5)
+    clip_grad_norm(policy.actor.parameters(), args.max_grad_norm)
     optimize(critic_loss, optimizers["critic"], critics.values(), args.max_grad_norm, "critic")
     soft_update((actor_targets, critic_targets), (actors, critics), args.tau)
 
@@ -9,8 +12,36 @@ one optimizer serves them all; clipping each agent's slice to `max_grad_norm` is
 `clip_grad_norm_` would do (the MADDPG authors' code), in a few foreach ops.
 """
 
+import sys
+
 import torch
 import torch.nn as nn
+
+# fused Adam: one kernel for all parameters, ~3x faster than the per-tensor loop (on the CPU since torch 2.4)
+FUSED_ADAM = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 4)
+_told = False  # the notice that fused Adam is missing, once per process
+
+
+def adam(params, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
+    """torch.optim.Adam, fused where torch can (the same update, in one kernel); elsewhere the foreach form, once
+    with a notice (the numbers are equal either way, only the speed differs)."""
+    global _told
+    params = list(params)
+    fused = FUSED_ADAM or all(p.is_cuda for p in params)
+    if not fused and not _told:
+        print(f"notice: torch {torch.__version__} has no fused Adam on the CPU (2.4 has): using the foreach form",
+              file=sys.stderr)  # fmt: skip
+        _told = True
+    return torch.optim.Adam(params, lr=lr, eps=eps, fused=fused or None, foreach=None if fused else True)
+
+
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """nn.utils.clip_grad_norm_ (the gradients scaled so that their joint L2 norm is at most `max_norm`) in three
+    foreach ops instead of two per parameter (torch takes that loop on the CPU); returns the norm before."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
 
 
 def optimize(loss, optimizer, nets=(), max_grad_norm: float = 0.0, name: str = "loss") -> None:

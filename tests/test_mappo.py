@@ -337,3 +337,65 @@ def test_rnn_chunks_in_one_call_equal_the_step_by_step_unroll(algo, share_params
         results.append([out.detach(), values.detach(), *(p.grad.clone() for p in pol.parameters())])
     for fast, plain in zip(*results, strict=True):
         torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-5)
+
+
+class _TorchCategorical(torch.distributions.Categorical):  # the plain path: torch's own distribution
+    def __init__(self, logits, avail=None):
+        super().__init__(logits=logits if avail is None else logits.masked_fill(avail == 0, -1e9), validate_args=False)
+
+    mode = property(lambda self: self.probs.argmax(-1))
+
+
+def _plain_group_linear(self, x):  # the layers as plain products: a loop over agents (one, when shared)
+    if self.weight.shape[0] == 1:
+        return x @ self.weight[0] + self.bias[0]
+    return torch.stack([x[:, a] @ self.weight[a] + self.bias[a] for a in range(x.shape[1])], 1)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("share_params", [True, False])
+@pytest.mark.parametrize("avail", [False, True], ids=["all-actions", "action-masks"])
+def test_the_fast_update_equals_the_plain_one_on_a_fixed_batch(algo, share_params, avail, monkeypatch):
+    """The update's fast parts (runtime.Categorical, one baddbmm per layer, foreach clipping, fused Adam) against
+    their plain forms (torch.distributions.Categorical, products plus bias, nn.utils.clip_grad_norm_, the
+    per-tensor Adam): the same losses and the same weights after two epochs of two minibatches."""
+    from buffers import RolloutBuffer
+    from runtime.opponents import script_module
+
+    module = script_module(algo)
+    spec = types.SimpleNamespace(name="agent", n_agents=3, obs_shape=(6,), action_dim=5, discrete=True,
+                                 has_action_mask=avail)  # fmt: skip
+    args = module.Args(share_params=share_params, hidden_size=32, update_epochs=2, num_minibatches=2)
+    rng = np.random.default_rng(0)
+    fields = module.rollout_fields(spec, (9,), args) if algo == "mappo" else module.rollout_fields(spec, args)
+    rb = RolloutBuffer(8, 4, fields)
+    for _ in range(8):
+        mask = rng.random((4, 3, 5)) < 0.7
+        mask[..., 0] = True
+        actions = rng.integers(0, 5, (4, 3)) * (mask.all(-1) if avail else 1)  # masked rows: action 0, available
+        rb.add(obs=rng.standard_normal((4, 3, 6)), actions=actions, logprobs=-rng.random((4, 3)) - 1,
+               values=rng.standard_normal((4, 3)), rewards=rng.standard_normal((4, 3)),
+               terminated=rng.random((4, 3)) < 0.1, truncated=np.zeros(4, bool), final_values=np.zeros((4, 3)),
+               agent_mask=rng.random((4, 3)) < 0.9, **({"avail_actions": mask} if avail else {}),
+               **({"state": rng.standard_normal((4, 9))} if algo == "mappo" else {}))  # fmt: skip
+    rb.compute_gae(rng.standard_normal((4, 3)).astype(np.float32), 0.99, 0.95)
+
+    results = []
+    for plain in (False, True):
+        with monkeypatch.context() as m:
+            if plain:
+                m.setattr(module, "Categorical", _TorchCategorical)
+                m.setattr(module.GroupLinear, "forward", _plain_group_linear)
+                m.setattr(module, "clip_grad_norm", torch.nn.utils.clip_grad_norm_)
+            torch.manual_seed(0)
+            pol = module.Policy(spec, 9, args) if algo == "mappo" else module.Policy(spec, args)
+            opt = torch.optim.Adam(pol.parameters(), lr=1e-3, eps=1e-5, foreach=False) if plain else module.adam(
+                pol.parameters(), 1e-3, eps=1e-5)  # fmt: skip
+            losses = module.update(pol, opt, rb, args, "cpu", np.random.default_rng(1))
+            results.append((losses, [p.detach().clone() for p in pol.parameters()]))
+    (fast, fast_weights), (plain, plain_weights) = results
+    assert fast.keys() == plain.keys()
+    for k in fast:
+        assert fast[k] == pytest.approx(plain[k], rel=1e-4, abs=1e-6), k
+    for f, p in zip(fast_weights, plain_weights, strict=True):
+        torch.testing.assert_close(f, p, rtol=1e-4, atol=1e-6)

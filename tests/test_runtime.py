@@ -18,6 +18,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from runtime import ArgumentError, CheckpointError, check_args, load_checkpoint, periodic_seed, save_checkpoint
@@ -413,3 +414,71 @@ def test_running_norm_merges_batches_into_the_moments_of_their_concatenation(sha
     torch.testing.assert_close(norm.denormalize(norm.normalize(x)), x)
     far = norm.mean + 100 * torch.sqrt(norm.var)  # 100 std away: clipped to 10 with clip=10, else not
     assert torch.all(norm.normalize(far, clip=10.0) == 10.0) and torch.all(norm.normalize(far) > 99)
+
+
+def test_categorical_equals_torchs_and_samples_its_probabilities():
+    """runtime.Categorical (log-softmax along the first axis, Gumbel-max sampling) against
+    torch.distributions.Categorical: log-probs, entropy, mode and their gradients; sampled frequencies within 4
+    standard errors of the probabilities; an unavailable action is never drawn and adds nothing to the entropy."""
+    from runtime import Categorical
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 3, 5, requires_grad=True)
+    avail = torch.rand(64, 3, 5) < 0.6
+    avail[..., 2] = True
+    actions = torch.where(avail, torch.rand(64, 3, 5), -1.0).argmax(-1)  # an available action per row
+    ours = Categorical(logits, avail)
+    theirs = torch.distributions.Categorical(logits=logits.masked_fill(~avail, -1e9), validate_args=False)
+    assert torch.equal(ours.mode, theirs.probs.argmax(-1))
+    for a, b in ((ours.log_prob(actions), theirs.log_prob(actions)), (ours.entropy(), theirs.entropy())):
+        torch.testing.assert_close(a, b)
+        ga, gb = (torch.autograd.grad(x.sin().sum(), logits, retain_graph=True)[0] for x in (a, b))
+        torch.testing.assert_close(ga, gb)
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    n = 200_000
+    draws = Categorical(probs.log().expand(n, 5), (probs > 0).expand(n, 5)).sample()
+    freq = torch.bincount(draws, minlength=5).double() / n
+    assert freq[4] == 0
+    assert ((freq - probs).abs() <= 4 * (probs * (1 - probs) / n).sqrt() + 1e-12).all(), freq
+
+
+def test_clip_grad_norm_equals_torchs():
+    from runtime import clip_grad_norm
+
+    for max_norm in (0.1, 1e3):  # clipped, and left alone
+        torch.manual_seed(0)
+        params = [torch.randn(s, requires_grad=True) for s in ((3, 4, 5), (3, 1, 5), (7,))]
+        copies = [p.detach().clone().requires_grad_() for p in params]
+        for p, c in zip(params, copies, strict=True):
+            p.grad = torch.randn_like(p)
+            c.grad = p.grad.clone()
+        ours, theirs = clip_grad_norm(params, max_norm), nn.utils.clip_grad_norm_(copies, max_norm)
+        torch.testing.assert_close(ours, theirs)
+        for p, c in zip(params, copies, strict=True):
+            torch.testing.assert_close(p.grad, c.grad)
+
+
+def test_adam_is_fused_where_torch_has_it_and_says_so_once_where_not(monkeypatch, capsys):
+    """Fused Adam takes the same steps as the per-tensor loop; without it, one notice, then the foreach form."""
+    import runtime.optim as optim
+
+    weights = []
+    for make in (lambda ps: optim.adam(ps, 1e-2, eps=1e-5), lambda ps: torch.optim.Adam(ps, 1e-2, eps=1e-5,
+                                                                                          foreach=False)):  # fmt: skip
+        torch.manual_seed(0)
+        net = nn.Linear(4, 3)
+        opt = make(net.parameters())
+        for _ in range(5):
+            opt.zero_grad()
+            net(torch.randn(8, 4)).square().sum().backward()
+            opt.step()
+        weights.append(net.weight.detach())
+    assert opt.defaults["fused"] is not True and optim.adam([torch.zeros(1, requires_grad=True)], 1e-3).defaults[
+        "fused"] is optim.FUSED_ADAM  # fmt: skip
+    torch.testing.assert_close(*weights)
+    monkeypatch.setattr(optim, "FUSED_ADAM", False)
+    monkeypatch.setattr(optim, "_told", False)
+    for _ in range(2):
+        opt = optim.adam([torch.zeros(1, requires_grad=True)], 1e-3)
+    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
+    assert capsys.readouterr().err.count("no fused Adam") == 1
