@@ -100,11 +100,33 @@ class _GRUSequence(torch.autograd.Function):
 
 
 @numba.njit(cache=True)
+def _exp(x, out, bits):
+    """out = exp(x), float32, in a loop LLVM vectorizes (np.exp is a scalar libm call per element here, Numba having
+    no vector math library): x = k ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial (about 1 ulp), 2^k
+    written into the exponent bits (x clamped to [-87, 88], float32's range). `bits`: int32 scratch of x's length."""
+    scale = bits.view(np.float32)
+    for j in range(x.shape[0]):
+        v = min(max(x[j], np.float32(-87.0)), np.float32(88.0))
+        k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
+        r = v - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        bits[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        y = (p * r * r + r + np.float32(1.0)) * scale[j]
+        out[j] = y if x[j] == x[j] else x[j]  # NaN stays NaN (the clamp above would hide it)
+
+
+@numba.njit(cache=True)
 def _forward(gx, keep, h0, w, b, hs, hp, gates):
     """hs[g, i]: the state after step i; hp[g, i]: the (restarted) state before it; gates[g, i]: r, z, n, h_n."""
     G, L, R, H3 = gx.shape
     H = H3 // 3
     one, two = np.float32(1.0), np.float32(2.0)
+    pre, e, bits = np.empty(2 * H, np.float32), np.empty(2 * H, np.float32), np.empty(2 * H, np.int32)
     for g in range(G):
         h = h0[g].copy()
         for i in range(L):
@@ -114,13 +136,20 @@ def _forward(gx, keep, h0, w, b, hs, hp, gates):
             gh = np.dot(h, w[g])
             for row in range(R):
                 x, s, out, gate = gx[g, i, row], gh[row], h[row], gates[g, i, row]
-                for j in range(H):
-                    r = one / (one + np.exp(-(x[j] + s[j] + b[g, j])))
-                    z = one / (one + np.exp(-(x[H + j] + s[H + j] + b[g, H + j])))
+                for j in range(2 * H):  # r, z = sigmoid(x_r + h_r), sigmoid(x_z + h_z)
+                    pre[j] = -(x[j] + s[j] + b[g, j])
+                _exp(pre, e, bits)
+                for j in range(2 * H):
+                    gate[j] = one / (one + e[j])
+                for j in range(H):  # n = tanh(x_n + r h_n) = 2 sigmoid(2 (x_n + r h_n)) - 1
                     hn = s[2 * H + j] + b[g, 2 * H + j]
-                    n = two / (one + np.exp(-two * (x[2 * H + j] + r * hn))) - one  # tanh, at a third of its cost
-                    gate[j], gate[H + j], gate[2 * H + j], gate[3 * H + j] = r, z, n, hn
-                    out[j] = n + z * (out[j] - n)
+                    gate[3 * H + j] = hn
+                    pre[j] = -two * (x[2 * H + j] + gate[j] * hn)
+                _exp(pre[:H], e[:H], bits[:H])
+                for j in range(H):
+                    n = two / (one + e[j]) - one
+                    gate[2 * H + j] = n
+                    out[j] = n + gate[H + j] * (out[j] - n)
             hs[g, i] = h
 
 
