@@ -157,22 +157,28 @@ def _forward(gx, keep, h0, w, b, hs, hp, gates):
 def _backward(grad, keep, hp, gates, w_t, dgx, dgh, dh0):
     """Backpropagation through time: dgx, dgh (L, R, 3H per group) and dh0 from the gradient of every state."""
     G, L, R, H = grad.shape
-    one = np.float32(1.0)
     for g in range(G):
         dh = np.zeros((R, H), np.float32)
         for i in range(L - 1, -1, -1):
             for row in range(R):
-                gate, prev, dx, ds = gates[g, i, row], hp[g, i, row], dgx[g, i, row], dgh[g, i, row]
-                for j in range(H):
-                    d = dh[row, j] + grad[g, i, row, j]
-                    r, z, n, hn = gate[j], gate[H + j], gate[2 * H + j], gate[3 * H + j]
-                    dn = d * (one - z) * (one - n * n)
-                    dz = d * (prev[j] - n) * z * (one - z)
-                    dr = dn * hn * r * (one - r)
-                    dx[j], dx[H + j], dx[2 * H + j] = dr, dz, dn
-                    ds[j], ds[H + j], ds[2 * H + j] = dr, dz, dn * r
-                    dh[row, j] = d * z
+                _backward_row(grad[g, i, row], gates[g, i, row], hp[g, i, row], dgx[g, i, row], dgh[g, i, row], dh[row])
             dh += np.dot(dgh[g, i], w_t[g])
             for row in range(R):
                 dh[row] *= keep[i, row]
         dh0[g] = dh
+
+
+@numba.njit(cache=True)
+def _backward_row(grad, gate, prev, dx, ds, dh):
+    """One row of one step: the gates' gradients from the state's (dh: the later steps', in place: the part that
+    flows through z to the previous state). On 1-d rows of their own the loop compiles to vector code."""
+    H, one = grad.shape[0], np.float32(1.0)
+    for j in range(H):
+        d = dh[j] + grad[j]
+        r, z, n, hn = gate[j], gate[H + j], gate[2 * H + j], gate[3 * H + j]
+        dn = d * (one - z) * (one - n * n)
+        dz = d * (prev[j] - n) * z * (one - z)
+        dr = dn * hn * r * (one - r)
+        dx[j], dx[H + j], dx[2 * H + j] = dr, dz, dn
+        ds[j], ds[H + j], ds[2 * H + j] = dr, dz, dn * r
+        dh[j] = d * z
