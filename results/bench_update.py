@@ -55,9 +55,16 @@ def load_script(algo):
     return module
 
 
-def filled_rollout(algo, m, seed=0):
-    """The script's policy at its defaults and one full rollout of it acting on the Numba MPE (targets computed)."""
-    args = m.Args()
+# JaxMARL's IPPO config (results/speed/jaxmarl.md: the `ippo` pair), the row `ippo (JaxMARL's config)`
+MATCHED = dict(num_envs=16, num_steps=128, update_epochs=4, num_minibatches=4, hidden_size=64, gamma=0.99,
+               feature_norm="none", value_norm=False, huber_delta=0.0, vf_coef=0.5, max_grad_norm=0.5,
+               learning_rate=2.5e-4)  # fmt: skip
+
+
+def filled_rollout(algo, m, seed=0, **flags):
+    """The script's policy at its defaults (but `flags`) and one full rollout of it acting on the Numba MPE (targets
+    computed), with the script's own optimizer."""
+    args = m.Args(**flags)
     env = envs.make(ENV_ID, args.num_envs, seed, backend="numba")
     (g,) = env.groups
     spec = env.groups[g]
@@ -83,8 +90,7 @@ def filled_rollout(algo, m, seed=0):
             obs = step.next
         rb.compute_gae(pol.value(critic_input(obs))[0], args.gamma, args.gae_lambda)
     env.close()
-    opt = torch.optim.Adam(pol.parameters(), lr=args.learning_rate, eps=1e-5)
-    return args, pol, opt, rb, rng
+    return args, pol, m.adam(pol.parameters(), args.learning_rate, eps=1e-5), rb, rng
 
 
 def filled_replay(algo, m, train_frequency, batch_size=256, seed=0):
@@ -183,16 +189,17 @@ def timings(counts, update, env_steps, calls=1):
     return out
 
 
-def measure(algo):
+def measure(algo, label=None, **flags):
     m = load_script(algo)
-    args, pol, opt, rb, rng = filled_rollout(algo, m)
+    args, pol, opt, rb, rng = filled_rollout(algo, m, **flags)
     update = lambda: m.update(pol, opt, rb, args, "cpu", rng)  # noqa: E731
     counts = products_of(update)
     gflop = sum(2 * mm * k * n * c for (mm, k, n), c in counts.items()) / 1e9
     env_steps = args.num_envs * args.num_steps
-    row = dict(algo=algo, env_steps_per_update=env_steps, samples=env_steps * 3, epochs=args.update_epochs,
-               minibatches=args.num_minibatches, hidden_size=args.hidden_size, products=sum(counts.values()),
-               gflop_products=gflop, shapes={f"{a}x{b}x{c}": n for (a, b, c), n in counts.items()})  # fmt: skip
+    row = dict(algo=algo, label=label or algo, env_steps_per_update=env_steps, samples=env_steps * 3,
+               epochs=args.update_epochs, minibatches=args.num_minibatches, hidden_size=args.hidden_size,
+               products=sum(counts.values()), gflop_products=gflop,
+               shapes={f"{a}x{b}x{c}": n for (a, b, c), n in counts.items()})  # fmt: skip
     row |= timings(counts, update, env_steps)
     print(json.dumps(row), flush=True)
     return row
@@ -236,17 +243,20 @@ def markdown(report):
         "",
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), torch {report['torch']}, load "
         f"average {loads[0]} before and {loads[1]} after. Regenerate: `{report['command']}`.",
-        f"Settings: each script's defaults on {ENV_ID} (the results' settings). The update's matrix products are "
+        f"Settings: each script's defaults on {ENV_ID} (the results' settings; one PPO row at JaxMARL's IPPO config "
+        "too, that of speed/jaxmarl.md). The update's matrix products are "
         "counted by torch's profiler and timed alone at their shapes (contiguous operands, best of 7 rounds); the "
         "whole update is the median of 7 timings.",
     ]
     if ppo:
-        cells = [[r["algo"], f"{r['env_steps_per_update']:,}", f"{r['samples']:,} x {r['epochs']}",
+        cells = [[r.get("label", r["algo"]), f"{r['env_steps_per_update']:,}",
+                  f"{r['samples']:,} x {r['epochs']} ({r['minibatches']})",
                   f"{r['gflop_products']:.2f}", *timed(r, threads)] for r in ppo for threads in (1, 2)]  # fmt: skip
         lines += section(
             "PPO: one update per rollout",
             [],
-            "| script | env steps per update | samples x epochs | GFLOP in matrix products | " + timed_header,
+            "| script | env steps per update | samples x epochs (minibatches) | GFLOP in matrix products | "
+            + timed_header,
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
             cells,
             "The ceiling counts nothing but the update's matrix products: acting, env stepping, the elementwise ops "
@@ -297,6 +307,8 @@ def main():
         parser.error(f"--ddpg-settings {args.ddpg_settings!r}: write train-frequency x batch-size pairs, e.g. 64x256")
     load_before = os.getloadavg()
     rows = [measure(a) for a in algos if a in PPO]
+    if "ippo" in algos:
+        rows.append(measure("ippo", "ippo (JaxMARL's config)", **MATCHED))
     rows += [measure_ddpg(a, f, b) for a in algos if a in DDPG for f, b in settings]
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
                   torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
