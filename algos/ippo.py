@@ -206,10 +206,8 @@ def initial_hidden(policies, args, num_envs, device):  # group -> zero hidden st
             for g, p in policies.items()}  # fmt: skip
 
 
-def reset_finished(hidden, done, device):  # zero the hidden states of the envs whose episode just ended
-    if all(h is None for h in hidden.values()):
-        return hidden
-    keep = t(~done, device).view(-1, 1, 1)
+def reset_finished(hidden, done, device):  # zero the hidden states of the envs whose episode just ended (--rnn)
+    keep = t(~done, device).view(-1, 1, 1) if any(h is not None for h in hidden.values()) else None
     return {g: None if h is None else h * keep for g, h in hidden.items()}
 
 
