@@ -296,8 +296,8 @@ def main(args):
                 optimizers[g].param_groups[0]["lr"] = lr
 
             for _ in range(args.num_steps):
-                # ACT (recurrent: the hidden states the step is acted on are stored with it)
-                with torch.no_grad():
+                # ACT (recurrent: the hidden states acted on are stored with it), in inference mode (no autograd)
+                with torch.inference_mode():
                     stored = {g: {"h_actor": h_actor[g].cpu().numpy(), "h_critic": h_critic[g].cpu().numpy(),
                                   "starts": starts} if args.rnn else {} for g in learners}  # fmt: skip
                     actions, taken = act(policies, obs, device, h_actor)
@@ -308,7 +308,7 @@ def main(args):
                 step = env.step(actions)
                 global_step += args.num_envs
                 # STORE: a truncated episode bootstraps from V(final observation), not the next episode's first
-                with torch.no_grad():
+                with torch.inference_mode():
                     final = t(step.final.state, device) if step.truncated.any() else None
                     final_values = {g: policies[g].value(final, h_critic[g])[0] if final is not None else 0 * values[g]
                                     for g in learners}  # fmt: skip

@@ -13,7 +13,9 @@ or acting's 16 or 128 envs x 3 agents. Forms alternate round by round; each cell
 * layer: one 64 -> 64 layer of a shared network, forward and backward (one baddbmm; product, then bias add);
 * clip: the actor's and the critic's gradients clipped to norm 0.5 (runtime.clip_grad_norm: foreach;
   nn.utils.clip_grad_norm_);
-* adam: one step over a 64-wide actor and critic (fused; torch's per-tensor loop on the CPU).
+* adam: one step over a 64-wide actor and critic (fused; torch's per-tensor loop on the CPU);
+* acting mode: a 64-wide actor's forward, sampling and log-probs at acting's rows (`torch.inference_mode()`;
+  `torch.no_grad()`).
 """
 
 import argparse
@@ -76,12 +78,25 @@ def cases(rows):
     clip_fast = lambda: (clip_grad_norm(actor, 0.5), clip_grad_norm(critic, 0.5))  # noqa: E731
     clip_plain = lambda: (nn.utils.clip_grad_norm_(actor, 0.5), nn.utils.clip_grad_norm_(critic, 0.5))  # noqa: E731
     adams = [torch.optim.Adam(actor + critic, lr=1e-4, eps=1e-5, **kw) for kw in ({"fused": True}, {"foreach": False})]
+    obs = torch.randn(16 if rows < 9600 else 128, 3, 21)
+
+    def acting(mode):
+        def f():
+            with mode():
+                h = torch.relu(torch.baddbmm(actor[1], obs.reshape(1, -1, 21), actor[0]))
+                h = torch.relu(torch.baddbmm(actor[3], h, actor[2]))
+                d = Categorical(torch.baddbmm(actor[5], h, actor[4]))
+                d.log_prob(d.sample()).numpy()
+
+        return f
+
     return {
         "categorical": (dist_loss(Categorical), dist_loss(torch_categorical)),
         "sampling": (sampling(Categorical), sampling(torch_categorical)),
         "layer": (layer_fast, layer_plain),
         "clip": (clip_fast, clip_plain),
         "adam": (adams[0].step, adams[1].step),
+        "acting mode": (acting(torch.inference_mode), acting(torch.no_grad)),
     }
 
 
@@ -107,7 +122,7 @@ def main():
     shapes = {"matched (512 x 3 rows; acting 16 x 3)": 1536, "defaults (3,200 x 3 rows; acting 128 x 3)": 9600}
     report = {"date": date.today().isoformat(), "cpu": _cpu(), "torch": torch.__version__,
               "python": platform.python_version(), "threads": 1,
-              "results": {shape: measure(rows, args.rounds, args.number) for shape, rows in shapes.items()}}  # fmt: skip
+              "results": {name: measure(rows, args.rounds, args.number) for name, rows in shapes.items()}}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "update_parts.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
