@@ -55,14 +55,14 @@ def measure(iterations):
         start = time.perf_counter()
         for _ in range(args.num_steps):
             t0 = time.perf_counter()
-            with torch.no_grad():
+            with torch.inference_mode():  # as the script acts
                 actions, taken = m.act({g: pol}, obs, "cpu", h_actor)
                 t1 = time.perf_counter()
                 values, h_critic = pol.value(m.t(obs.obs[g], "cpu"), h_critic)
             t2 = time.perf_counter()
             step = env.step(actions)
             t3 = time.perf_counter()
-            with torch.no_grad():
+            with torch.inference_mode():  # as the script acts
                 final = pol.value(m.t(step.final.obs[g], "cpu"))[0] if step.truncated.any() else 0 * values
             t4 = time.perf_counter()
             rb.add(obs=obs.obs[g], **taken[g], values=values, rewards=step.rewards[g], terminated=step.terminated[g],
