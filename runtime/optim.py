@@ -17,7 +17,8 @@ import sys
 import torch
 import torch.nn as nn
 
-# fused Adam: one kernel for all parameters, ~3x faster than the per-tensor loop (on the CPU since torch 2.4)
+# fused Adam: one kernel for all parameters (on the CPU since torch 2.4); against the per-tensor loop:
+# results/speed/update_parts.md
 FUSED_ADAM = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 4)
 _told = False  # the notice that fused Adam is missing, once per process
 
