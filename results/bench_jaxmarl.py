@@ -16,11 +16,17 @@ compile time apart (`../shared/peers/run_jaxmarl.py`, in its own virtual environ
 env-steps/s after the first iteration (from the script's `charts/SPS` points: the steps and seconds between the
 first iteration's end and the last's), the first iteration's seconds apart (Numba's cached kernels loading, torch's
 first calls; the SPS of the whole run, which includes it, is in the JSON as `sps_whole_run`).
+
+On a machine with a GPU, `--cuda` runs both there (ours with `--cuda`, one CPU thread; JAX on its CUDA backend,
+with the CPU beside it for JaxMARL's logging callback) and writes speed/jaxmarl_cuda.{md,json}. Where `../shared`
+is absent (a lent GPU machine), copy `../shared/peers` into the checkout and pass `--peers`, and `--jaxmarl-python`
+a python that imports jax and the packages of the install line. `--steps-scale` shortens both sides' runs.
 """
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,11 +53,11 @@ SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_T
                               "intra_op_parallelism_threads=1"}  # fmt: skip
 
 
-def ours(script, flags, steps, workdir):
+def ours(script, flags, steps, workdir, cuda=False):
     """(env-steps/s, seconds to the first iteration's end, command) of one run of algos/<script>.py."""
     run_dir = Path(workdir) / script
     cmd = [sys.executable, str(ROOT / "algos" / f"{script}.py"), *MATCHED.split(), *flags.split(),
-           "--total-timesteps", str(steps), "--run-dir", str(run_dir)]  # fmt: skip
+           "--total-timesteps", str(steps), "--run-dir", str(run_dir), *(["--cuda"] if cuda else [])]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, env=os.environ | SINGLE_THREAD, check=True, capture_output=True)
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
@@ -62,12 +68,16 @@ def ours(script, flags, steps, workdir):
     return steady, first, sps[-1].value, " ".join(cmd[1:]).replace(str(ROOT) + "/", "")
 
 
-def theirs(algo, steps, python):
+def theirs(algo, steps, python, peers=PEERS, cuda=False):
     """JaxMARL's row (run_jaxmarl.py's JSON: sps, compile_s, ...) of one run."""
-    cmd = [python, str(PEERS / "run_jaxmarl.py"), algo, f"TOTAL_TIMESTEPS={steps}", "NUM_SEEDS=1"]
-    env = os.environ | SINGLE_THREAD | {"JAXMARL_BASELINES": str(PEERS / "jaxmarl-baselines")}
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1]) | {"command": " ".join(cmd[1:]).replace(str(ROOT.parent), "..")}
+    cmd = [python, str(peers / "run_jaxmarl.py"), algo, f"TOTAL_TIMESTEPS={steps}", "NUM_SEEDS=1"]
+    env = os.environ | ({} if cuda else SINGLE_THREAD) | {"JAXMARL_BASELINES": str(peers / "jaxmarl-baselines"),
+                                        "JAX_PLATFORMS": "cuda,cpu" if cuda else "cpu"}  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"JaxMARL's run failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    return row | {"command": " ".join(cmd[1:]).replace(str(ROOT.parent), "..")}
 
 
 def main():
@@ -79,20 +89,37 @@ def main():
         default="/tmp/jaxmarl-venv/bin/python",
         help="the python of JaxMARL's virtual environment (install line: ../shared/peers/README.md)",
     )
+    parser.add_argument("--peers", type=Path, default=PEERS, help="folder of run_jaxmarl.py and jaxmarl-baselines/")
+    parser.add_argument(
+        "--cuda",
+        action="store_true",
+        help="both on the GPU: ours with --cuda, JAX on its CUDA backend (writes jaxmarl_cuda.*)",
+    )
+    parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply both sides' env steps (shorter runs)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    if not Path(args.jaxmarl_python).exists():
+    if not shutil.which(args.jaxmarl_python):
         raise SystemExit(f"no JaxMARL python at {args.jaxmarl_python}: install it as ../shared/peers/README.md says, "
                          "or pass --jaxmarl-python")  # fmt: skip
-    report = {"date": str(date.today()), "cpu": _cpu(), "cores": os.cpu_count(), "load_before": os.getloadavg(),
+    device = _cpu()
+    if args.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--cuda: no CUDA device here; run it on a machine with one, or leave out --cuda")
+        device = f"{torch.cuda.get_device_name(0)} (host: {device})"
+    report = {"date": str(date.today()), "cpu": device, "cores": os.cpu_count(), "load_before": os.getloadavg(),
               "command": "python results/bench_jaxmarl.py " + " ".join(sys.argv[1:]), "pairs": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.pairs.split(","):
             script, flags, peer, our_steps, their_steps = PAIRS[name]
+            iteration = 16 * 128  # both sides' env steps per iteration: keep whole iterations when scaled
+            our_steps, their_steps = (max(iteration, round(n * args.steps_scale / iteration) * iteration)
+                                      for n in (our_steps, their_steps))  # fmt: skip
             rows = {"ours": [], "first_iteration_s": [], "sps_whole_run": [], "theirs": [], "compile_s": []}
             for k in range(args.rounds):
-                sps, first, whole, command = ours(script, flags, our_steps, workdir)
-                row = theirs(peer, their_steps, args.jaxmarl_python)
+                sps, first, whole, command = ours(script, flags, our_steps, workdir, args.cuda)
+                row = theirs(peer, their_steps, args.jaxmarl_python, args.peers, args.cuda)
                 rows["ours"].append(sps)
                 rows["first_iteration_s"].append(first)
                 rows["sps_whole_run"].append(whole)
@@ -105,15 +132,18 @@ def main():
                                      "our_steps": our_steps, "their_steps": their_steps}  # fmt: skip
     report["load_after"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "jaxmarl.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "jaxmarl.md").write_text(markdown(report))
+    stem = "jaxmarl_cuda" if args.cuda else "jaxmarl"
+    report["cuda"] = args.cuda
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
 
 
 def markdown(r):
     load = lambda x: ", ".join(f"{v:.1f}" for v in x)  # noqa: E731
     lines = [
-        "# Our PPO scripts against JaxMARL, side by side (env-steps/s, one thread each)",
+        "# Our PPO scripts against JaxMARL, side by side (env-steps/s, "
+        + ("both on the GPU, one CPU thread for ours)" if r.get("cuda") else "one thread each)"),
         "",
         f"Measured {r['date']} on {r['cpu']} ({r['cores']} cores), load average {load(r['load_before'])} before and "
         f"{load(r['load_after'])} after. Regenerate: `{r['command'].strip()}` (settings: the script's docstring).",

@@ -869,3 +869,32 @@ def test_crossplay_pages_are_nested_in_the_readme_and_their_json_is_not_read_as_
     assert "## Cross-play\n\nFrom [env_x/crossplay.md](env_x/crossplay.md):\n\n### Cross-play on env_x" in text
     assert "Notes on env_x" not in text  # not linked as a screen
     assert [p.name for p in collect.result_paths(out)] == ["fake_a.json", "fake_b.json"]
+
+
+def test_cuda_check_trains_and_plays_back_each_checkpoint(tmp_path):
+    """results/cuda_check.py's own path, without a GPU (--cpu): a trained script's last.pt played twice."""
+    cmd = [sys.executable, str(RESULTS / "cuda_check.py"), "--cpu", "--algos", "dqn,mappo", "--workers", "2",
+           "--out", str(tmp_path / "cc")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "cc.json").read_text())["rows"]
+    assert [r["check"] for r in rows] == ["dqn", "mappo"]
+    for r in rows:
+        assert r["train_rc"] == 0 and "error" not in r
+        assert r["gpu_return"] is not None and r["gpu_return"] == r["cpu_return"]  # both sides on the CPU here
+    assert "| mappo |" in (tmp_path / "cc.md").read_text()
+
+
+def test_cuda_check_refuses_to_run_without_a_device_and_names_the_way_out(monkeypatch, capsys):
+    import cuda_check
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refusals = ((["--algos", "dqn"], "no CUDA device here: run it on a machine with one, or pass --cpu"),
+                (["--algos", "dqn,sarsa"], "unknown check"))  # fmt: skip
+    for argv, message in refusals:
+        monkeypatch.setattr(sys, "argv", ["cuda_check.py", *argv])
+        with pytest.raises(SystemExit) as e:
+            cuda_check.main()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err, err
