@@ -8,10 +8,10 @@ battle_v4 at its default 45 x 45 map (81 agents a side), `--self-play blue`, for
 speed is the script's last `charts/SPS`, the memory the child's peak resident set. The load average is recorded
 beside the numbers: on a shared machine they are a lower bound.
 
-`--heap`: each script runs a second time with glibc told to serve every allocation from its heap and keep what is
-freed (`GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=...`). By default glibc maps each block
-over 32 MB afresh, and battle's batches (32,400+ rows of 926 floats) are such blocks: every op that makes one pays
-the page faults of first touching it.
+Every script serves all its allocations from glibc's heap and keeps what is freed (runtime.keep_freed_memory).
+`--glibc`: each script also runs under glibc's own defaults (FLASHMARL_MALLOC=glibc), where every block over the
+mmap threshold (at most 32 MB) is mapped afresh and handed back on free: battle's batches (32,400+ rows of 926
+floats) are such blocks, and every op that makes one pays the page faults of first touching it.
 """
 
 import argparse
@@ -28,17 +28,22 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
-HEAP = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967295"  # no mmap'd blocks, nothing handed back
 
 
-def run(algo, steps, workdir, heap=False):
+MALLOC = {  # label -> environment
+    "glibc default": {"FLASHMARL_MALLOC": "glibc"},  # runtime.keep_freed_memory() leaves glibc's defaults
+    "heap only": {},  # the scripts as they run: runtime.keep_freed_memory()
+}
+
+
+def run(algo, steps, workdir, malloc="heap only"):
     """(env-steps/s, peak RSS in GiB, seconds, command) of one battle_v4 training run of algos/<algo>.py."""
-    run_dir = Path(workdir) / f"{algo}{'_heap' * heap}"
+    run_dir = Path(workdir) / f"{algo}_{list(MALLOC).index(malloc)}"
     flags = (f"--env-id battle_v4 --self-play blue --total-timesteps {steps} --eval-interval 0 --eval-episodes 1 "
              "--final-eval-episodes 0 --torch-threads 1")  # fmt: skip
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *flags.split(), "--run-dir", str(run_dir)]
     start = os.times().elapsed
-    env = os.environ | {"GLIBC_TUNABLES": HEAP} if heap else None
+    env = os.environ | MALLOC[malloc]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory
     seconds = os.times().elapsed - start
@@ -48,25 +53,25 @@ def run(algo, steps, workdir, heap=False):
     acc.Reload()
     sps = acc.Scalars("charts/SPS")[-1].value
     command = " ".join(cmd[1:]).replace(str(ROOT) + "/", "")
-    return sps, usage.ru_maxrss / 2**20, seconds, f"GLIBC_TUNABLES={HEAP} python {command}" if heap else command
+    prefix = "".join(f"{k}={v} " for k, v in MALLOC[malloc].items())
+    return sps, usage.ru_maxrss / 2**20, seconds, f"{prefix}python {command}" if prefix else command
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="mappo,ippo", help="comma-separated scripts")
     parser.add_argument("--steps", type=int, default=6400, help="env steps per run (two updates at the defaults)")
-    parser.add_argument("--heap", action="store_true", help="each script also with glibc's heap-only allocation")
+    parser.add_argument("--glibc", action="store_true", help="each script also under glibc's default malloc")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     load_before, rows = os.getloadavg(), []
     with tempfile.TemporaryDirectory() as tmp:
         for algo in args.algos.split(","):
-            for heap in (False, True) if args.heap else (False,):
-                sps, gib, seconds, cmd = run(algo, args.steps, tmp, heap)
-                rows.append(dict(algo=algo, malloc="heap only" if heap else "glibc default", sps=sps,
-                                 agent_steps_per_s=sps * 81, peak_rss_gib=gib, seconds=seconds,
-                                 hours_for_2m=2e6 / sps / 3600, command=cmd))  # fmt: skip
-                print(f"{algo} {'heap' * heap}: {sps:,.1f} env-steps/s, peak {gib:.1f} GiB", flush=True)
+            for malloc in MALLOC if args.glibc else ("heap only",):
+                sps, gib, seconds, cmd = run(algo, args.steps, tmp, malloc)
+                rows.append(dict(algo=algo, malloc=malloc, sps=sps, agent_steps_per_s=sps * 81, peak_rss_gib=gib,
+                                 seconds=seconds, hours_for_2m=2e6 / sps / 3600, command=cmd))  # fmt: skip
+                print(f"{algo} {malloc}: {sps:,.1f} env-steps/s, peak {gib:.1f} GiB", flush=True)
     report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), load_average_before=load_before,
                   load_average=os.getloadavg(), command=" ".join(["python results/bench_battle.py", *sys.argv[1:]]),
                   steps=args.steps, runs=rows)  # fmt: skip
@@ -105,14 +110,14 @@ def markdown(report):
     ]
     by = {(r["algo"], r.get("malloc", "glibc default")): r for r in report["runs"]}
     for algo in dict.fromkeys(r["algo"] for r in report["runs"]):
-        if (algo, "heap only") in by:
-            default, heap = by[algo, "glibc default"], by[algo, "heap only"]
+        if (algo, "glibc default") in by:
+            glibc, heap = by[algo, "glibc default"], by[algo, "heap only"]
             lines += [
-                f"{algo} with every allocation from glibc's heap (`--heap`): **{heap['sps'] / default['sps']:.1f}x** "
-                f"the env-steps/s of glibc's default, at {heap['peak_rss_gib'] / default['peak_rss_gib']:.2f}x its "
-                "peak memory. Only where memory comes from changes: the losses are the same bit for bit (two "
-                "64,000-step simple_spread_v3 runs of mappo.py, one with the setting, by results/compare_losses.py). "
-                "At MPE's batch sizes the same kind of setting changed nothing (speed/malloc.md).",
+                f"{algo} as it runs, every allocation from glibc's heap (runtime.keep_freed_memory): "
+                f"**{heap['sps'] / glibc['sps']:.1f}x** the env-steps/s of glibc's default malloc (`--glibc`), at "
+                f"{heap['peak_rss_gib'] / glibc['peak_rss_gib']:.2f}x its peak memory. Only where memory comes from "
+                "changes: the losses are the same bit for bit (results/speed/malloc.md has the check). On MPE the "
+                "same setting gives 1.0-1.1x (speed/malloc.md).",
                 "",
             ]
     return "\n".join(lines)

@@ -131,8 +131,9 @@ def main():
         "activations (A times one agent's) are mmap'ed fresh and handed back on every call, and page-faulting them in",
         "again costs more than the loop's dispatches. With freed large blocks kept (the second rows, a child process",
         "with MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ raised) that cost goes away. It is this benchmark's",
-        "effect, not training's: in a training run glibc raises its threshold after the first frees, and",
-        "speed/malloc.md finds no end-to-end difference for coma.py or the other scripts.",
+        "effect more than training's: in a training run glibc raises its threshold after the first frees, and",
+        "keeping freed memory, as every script now does (runtime.keep_freed_memory), makes coma.py 1.02x faster",
+        "(speed/malloc.md).",
         "",
         "| allocator | agents | actions | agent-steps per call | batched (coma.py) | per-agent loop "
         "| textbook loop (A x n passes) | per-agent / batched | textbook / batched |",

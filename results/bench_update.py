@@ -40,10 +40,12 @@ from torch.profiler import ProfilerActivity, profile
 
 import envs
 from buffers import ReplayBuffer, RolloutBuffer, joint_fields, joint_transition, to_torch
+from runtime import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
 ENV_ID = "simple_spread_v3"
+keep_freed_memory()  # as every script's setup() does
 PPO, DDPG = ["mappo", "ippo"], ["maddpg", "matd3", "iddpg"]
 
 
@@ -189,6 +191,57 @@ def timings(counts, update, env_steps, calls=1):
     return out
 
 
+PRODUCT_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
+
+
+def where_time_goes(update, calls=20, top=12, per_call=1):
+    """Where one update's time goes, from torch's profiler over `calls` calls of `update()` (each `per_call` updates;
+    MATD3: a pair), per update in ms: the products' own time, each other ATen op's own time (the `top` largest, the
+    rest summed), and what lies outside every op (Python, dispatch, autograd's engine). The profiler's overhead
+    inflates each op alike; the wall time is timed apart."""
+    n = calls * per_call  # updates profiled
+    wall_ms = time_update(update, calls=calls) / per_call * 1e3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            update()
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    own = {}
+    for e in events:
+        own[e.key] = own.get(e.key, 0.0) + e.self_cpu_time_total / 1e3 / n
+    products = sum(own.pop(k, 0.0) for k in PRODUCT_OPS)
+    ops = sorted(own.items(), key=lambda kv: -kv[1])
+    return dict(wall_ms=wall_ms, products_ms=products, top_ops_ms=dict(ops[:top]),
+                other_ops_ms=sum(v for _, v in ops[top:]),
+                outside_ops_ms=max(0.0, wall_ms - products - sum(own.values())),
+                op_calls=sum(e.count for e in events) / n)  # fmt: skip
+
+
+def profile_report(algos):
+    """The markdown of --profile: one table per script, at its defaults."""
+    lines = ["# Where one update's time goes (ms per update, one torch thread)", "",
+             f"Measured {date.today().isoformat()} on {_cpu()}, torch {torch.__version__}. Regenerate: "
+             f"`python results/bench_update.py --profile --algos {','.join(algos)}`. Own time of each ATen op from "
+             "torch's profiler over 20 updates (the PPO pair: 2; its overhead inflates every op a little); 'outside "
+             "every op': the timed wall time minus all ops' own time (Python, dispatch, autograd's engine).",
+             ""]  # fmt: skip
+    torch.set_num_threads(1)
+    for algo in algos:
+        m = load_script(algo)
+        if algo in PPO:
+            args, pol, opt, rb, rng = filled_rollout(algo, m)
+            update = lambda m=m, pol=pol, opt=opt, rb=rb, args=args, rng=rng: m.update(pol, opt, rb, args, "cpu", rng)  # noqa: E731
+            per_call = 1
+        else:
+            _, update, per_call = filled_replay(algo, m, 256)
+        r = where_time_goes(update, calls=2 if algo in PPO else 20, per_call=per_call)
+        lines += [f"## {algo} (defaults): {r['wall_ms']:.2f} ms, {r['op_calls']:.0f} ATen op calls per update", "",
+                  "| part | ms | share |", "|---|---|---|"]  # fmt: skip
+        parts = [("matrix products (mm, bmm, baddbmm)", r["products_ms"]), *r["top_ops_ms"].items(),
+                 ("other ATen ops", r["other_ops_ms"]), ("outside every op", r["outside_ops_ms"])]  # fmt: skip
+        lines += [f"| {name} | {ms:.3f} | {ms / r['wall_ms']:.0%} |" for name, ms in parts] + [""]
+    return "\n".join(lines)
+
+
 def measure(algo, label=None, **flags):
     m = load_script(algo)
     args, pol, opt, rb, rng = filled_rollout(algo, m, **flags)
@@ -294,11 +347,18 @@ def main():
         default="256x256,64x256,256x1024",
         help="--train-frequency x --batch-size pairs of the DDPG family (256x256: the defaults)",
     )
+    parser.add_argument("--profile", action="store_true", help="only where each update's time goes, by ATen op "
+                        "(writes update_profile.md)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     algos = args.algos.split(",")
     if unknown := [a for a in algos if a not in PPO + DDPG]:
         parser.error(f"--algos {unknown}: measured are {PPO + DDPG}")
+    if args.profile:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "update_profile.md").write_text(profile_report(algos) + "\n")
+        print((args.out / "update_profile.md").read_text())
+        return
     try:
         settings = [tuple(int(x) for x in setting.split("x", 1)) for setting in args.ddpg_settings.split(",")]
     except ValueError:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
+import platform
 import random
 import sys
 from dataclasses import dataclass
@@ -159,9 +161,32 @@ def cli(args_class, main):
         sys.exit(2)
 
 
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve every block from its heap and keep what is freed there for reuse.
+
+    By default glibc maps a block over its mmap threshold (128 kB, raised on the fly up to 32 MB) afresh and hands it
+    back to the OS on free, and trims the heap's free top, so a tensor of a few MB (a PPO minibatch's activations; on
+    MAgent2's battle, hundreds of MB) is page-faulted in again at every allocation: about 5,000 faults per MAPPO
+    update at our defaults. The learning is the same to the bit; a process keeps the memory of its peak (1.8x on
+    battle_v4). results/speed/malloc.md and battle.md measure both. Returns whether it applied: not without glibc, nor
+    where the environment tunes glibc's malloc itself (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+    MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, or glibc.malloc in GLIBC_TUNABLES), nor with FLASHMARL_MALLOC=glibc (glibc's
+    defaults).
+    """
+    tunables = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+    if platform.libc_ver()[0] != "glibc" or os.environ.get("FLASHMARL_MALLOC") == "glibc":
+        return False
+    if any(k in os.environ for k in tunables) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
 def setup(args):
     """Threads, seeds and device, in the order every script uses: returns (device, numpy Generator). (check_args
-    has refused --cuda without a device.)"""
+    has refused --cuda without a device.) Also keeps freed memory for reuse (`keep_freed_memory`)."""
+    keep_freed_memory()
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     random.seed(args.seed)

@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -482,3 +483,36 @@ def test_adam_is_fused_where_torch_has_it_and_says_so_once_where_not(monkeypatch
         opt = optim.adam([torch.zeros(1, requires_grad=True)], 1e-3)
     assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
     assert capsys.readouterr().err.count("no fused Adam") == 1
+
+
+FAULTS_PROBE = """
+import resource
+import torch
+from runtime import keep_freed_memory
+applied = keep_freed_memory()
+def step():  # a forward pass's activations: blocks of a few MB alive at once, all freed after the update
+    held = [torch.ones(600_000) for _ in range(20)]
+    return sum(float(h[0]) for h in held)
+for _ in range(3):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc tunables: a no-op elsewhere")
+def test_freed_memory_is_kept_for_reuse_instead_of_page_faulted_in_again():
+    def probe(**env):
+        out = subprocess.run([sys.executable, "-c", FAULTS_PROBE], capture_output=True, text=True, check=True,
+                             cwd=ROOT, env=os.environ | env, timeout=120).stdout.split()  # fmt: skip
+        return out[0] == "True", int(out[1])
+
+    applied, kept = probe()
+    skipped, default = probe(FLASHMARL_MALLOC="glibc")
+    respected, _ = probe(MALLOC_TRIM_THRESHOLD_="131072")  # the user's own glibc tunables win
+    tuned, _ = probe(GLIBC_TUNABLES="glibc.malloc.mmap_max=0")
+    assert applied and not skipped and not respected and not tuned
+    assert default > 100_000  # 20 x 20 blocks of 2.4 MB handed back and faulted in again (4 kB pages)
+    assert kept < default / 100
