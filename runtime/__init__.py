@@ -22,9 +22,9 @@
         cli(Args, main)
 
 Modules: `args` (the shared flags, env construction, and freed memory kept for reuse), `checks` (argument checks),
-`checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the guarded optimizer step with per-
-agent clipping, soft targets), `categorical` (the policy-gradient scripts' categorical distribution, at a fraction of
-torch's cost on a few actions), `gru` (a GRU over a whole sequence in one call), `norm` (running mean/std of value
+`checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the guarded optimizer step with
+per-agent clipping, soft targets), `categorical` (the policy-gradient scripts' categorical distribution, at a fraction
+of torch's cost on a few actions), `gru` (a GRU over a whole sequence in one call), `norm` (running mean/std of value
 targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals),
 `opponents` (groups frozen to random, to any script's checkpoint, or to self-play: every script's `actor(ckpt, group,
 ...)`).
