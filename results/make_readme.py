@@ -31,6 +31,7 @@ from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result, read
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
 CURVES_NAME = "curves.png"
+OVERVIEW_NAME = "mpe_overview.png"  # the cooperative tasks of the overview, as a heatmap
 ROOT = RESULTS_DIR.parent  # the per-seed commands run from the repository root
 PER_RUN_KEYS = {"seed", "run_dir", "resume", "eval_checkpoint"}  # differ between seeds by design
 REFERENCE_KEYS = {"env_id", "algo", "mean", "std", "best", "n_seeds", "total_timesteps", "protocol", "source"}
@@ -355,14 +356,83 @@ MATRIX_COMMANDS = (  # the scripts that train each group apart run every task; o
 )
 
 
-def overview_table(by_env: dict[str, list[dict]], finals: dict, crossplay: bool = False) -> list[str]:
-    """MPE tasks x algorithms at a glance: each script's final policy (mean ± std over seeds) and its budget, from
-    the matrix row (<algo>-3m) where there is one, else the script's own row."""
+def overview_cells(by_env: dict[str, list[dict]], finals: dict) -> tuple[list[str], dict, dict]:
+    """The overview's algorithms, its rows ({env: {algo: result or None}}: the matrix row <algo>-3m where there is one,
+    else the script's own row) and its numbers ({env: {algo: (mean, std, budget label, tags)}}, None where a result
+    has no final-policy measurement); tags: "v1", "stale"."""
     mpe = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if env.startswith("simple")}
     pick = {
         env: {a: rows.get(f"{a}-{MATRIX_VARIANT}") or rows.get(a) for a in MATRIX_ORDER} for env, rows in mpe.items()
     }
     algos = [a for a in MATRIX_ORDER if any(rows[a] for rows in pick.values())]
+    numbers = {}
+    for env_id, rows in pick.items():
+        numbers[env_id] = {}
+        for algo in algos:
+            result, cell = rows[algo], None
+            if result is not None:
+                steps, stale = fmt_steps(result["total_timesteps"]), ("stale",) if config_drift(result) else ()
+                if result.get("evaluation_protocol") == "v2":
+                    final = result["summary"]["final_policy"]
+                    cell = (final["mean"], final["std"], steps, stale)
+                elif eval_final.matches(entry := finals.get(f"{env_id}/{result['algo']}"), result):
+                    cell = (entry["summary"]["mean"], entry["summary"]["std"], steps, ("v1", *stale))
+            numbers[env_id][algo] = cell
+    return algos, pick, numbers
+
+
+def plot_overview(algos: list[str], numbers: dict, path: Path) -> bool:
+    """The cooperative tasks of the overview as a heatmap: each cell's final-policy mean, coloured by where it lies
+    between the worst and the best cell of its task (yellow: the best). Returns whether there was anything to draw."""
+    tasks = [t for t in COOPERATIVE_TASKS if t in numbers and any(numbers[t].values())]
+    if not tasks:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    grid = np.full((len(tasks), len(algos)), np.nan)
+    for i, task in enumerate(tasks):
+        for j, algo in enumerate(algos):
+            if numbers[task][algo] is not None:
+                grid[i, j] = numbers[task][algo][0]
+    low, high = np.nanmin(grid, axis=1, keepdims=True), np.nanmax(grid, axis=1, keepdims=True)
+    shade = (grid - low) / np.where(high > low, high - low, 1.0)
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()  # the same JSON must give the same bytes
+        fig = Figure(figsize=(1.0 + 0.82 * len(algos), 1.4 + 0.62 * len(tasks)), dpi=100, layout="constrained")
+        ax = fig.subplots()
+        ax.imshow(np.ma.masked_invalid(shade), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for i, task in enumerate(tasks):
+            for j, algo in enumerate(algos):
+                cell = numbers[task][algo]
+                if cell is None:
+                    ax.text(j, i, "—", ha="center", va="center", fontsize=8, color="0.5")
+                    continue
+                budget = "" if cell[2] == "3M" else f"\n{cell[2]}"
+                if budget:  # another budget: hatched, not to be compared by colour alone
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor=(1, 1, 1, 0.3),
+                                           linewidth=0))  # fmt: skip
+                mark = "*" if cell[3] else ""
+                ax.text(j, i, f"{cell[0]:.2f}{mark}{budget}", ha="center", va="center", fontsize=7.5,
+                        color="black" if shade[i, j] > 0.6 else "white")  # fmt: skip
+        ax.set_xticks(range(len(algos)), algos, fontsize=8, rotation=30, ha="right")
+        ax.set_yticks(range(len(tasks)), [t.removesuffix("_v3").removesuffix("_v4") for t in tasks], fontsize=8)
+        ax.set_title("Cooperative MPE: final policy (mean over seeds, 3M steps unless marked)\ncolour: from the "
+                     "task's worst cell (dark) to its best (yellow); hatched: another budget; *: v1 or stale",
+                     fontsize=9)  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", metadata={"Software": None})
+    return True
+
+
+def overview_table(by_env: dict[str, list[dict]], finals: dict, crossplay: bool = False, plot: str = "") -> list[str]:
+    """MPE tasks x algorithms at a glance: each script's final policy (mean ± std over seeds) and its budget, from
+    the matrix row (<algo>-3m) where there is one, else the script's own row. `plot`: the heatmap's path, shown
+    above the table."""
+    algos, pick, numbers = overview_cells(by_env, finals)
     if not algos:
         return []
     lines = ["## MPE at a glance", "",
@@ -372,24 +442,21 @@ def overview_table(by_env: dict[str, list[dict]], finals: dict, crossplay: bool 
              "Variants are in the task sections below; \"stale\": made with older defaults of its script (its section "
              "says which). The matrix (vdn, qmix, wqmix and vdac train one team on one "
              "reward, and refuse the competitive tasks with a clear error):", "",
-             "```bash", *MATRIX_COMMANDS, "```", "",
-             "| task | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]  # fmt: skip
+             "```bash", *MATRIX_COMMANDS, "```", ""]  # fmt: skip
+    if plot:
+        lines += [f"![cooperative MPE tasks at a glance]({plot})", ""]
+    lines += ["| task | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]
     for env_id, rows in sorted(pick.items()):
         cells = []
         for algo in algos:
-            result = rows[algo]
-            if result is None:
+            cell = numbers[env_id][algo]
+            if rows[algo] is None:
                 cells.append("—")
-            elif result.get("evaluation_protocol") == "v2":
-                final, steps = result["summary"]["final_policy"], fmt_steps(result["total_timesteps"])
-                stale = ", stale" if config_drift(result) else ""
-                cells.append(f"{fmt(final['mean'])} ± {fmt(final['std'])} ({steps}{stale})")
-            elif eval_final.matches(entry := finals.get(f"{env_id}/{result['algo']}"), result):
-                summary, steps = entry["summary"], fmt_steps(result["total_timesteps"])
-                stale = ", stale" if config_drift(result) else ""
-                cells.append(f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({steps}, v1{stale})")
-            else:
+            elif cell is None:
                 cells.append("— (v1)")
+            else:
+                mean, std, steps, tags = cell
+                cells.append(f"{fmt(mean)} ± {fmt(std)} ({', '.join((steps, *tags))})")
         lines.append(f"| {env_id} | " + " | ".join(cells) + " |")
     lines += ["", "What the matrix shows, task by task, and why a script fails where it does: "
               "[mpe_matrix.md](mpe_matrix.md).", ""]  # fmt: skip
@@ -548,7 +615,8 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], fin
     if not envs:
         lines += ["No results yet.", ""]
     crossplays = sorted(Path(out).glob("*/crossplay.md"))
-    lines += overview_table(by_env, finals or {}, bool(crossplays))
+    plot = OVERVIEW_NAME if (Path(out) / OVERVIEW_NAME).exists() else ""
+    lines += overview_table(by_env, finals or {}, bool(crossplays), plot)
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
@@ -587,6 +655,9 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
         plot_curves(env_id, results, out / env_id / CURVES_NAME, references)
     readme = out / "README.md"
     finals = read_json(out / eval_final.OUTPUT_NAME) or {}
+    algos, _, numbers = overview_cells(by_env, finals)
+    if not plot_overview(algos, numbers, out / OVERVIEW_NAME):
+        (out / OVERVIEW_NAME).unlink(missing_ok=True)
     readme.write_text(render(out, by_env, references, finals))
     return readme
 

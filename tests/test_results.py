@@ -805,6 +805,20 @@ def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budge
     assert f"| simple_spread_v3 | -7.00 ± {qmix['std']:.2f} (3M, stale) | — |" in table
 
 
+def test_the_overview_heatmap_draws_the_cooperative_tasks_byte_identically_and_goes_when_they_go(tmp_path):
+    out = tmp_path / "results"
+    (out / "simple_spread_v3").mkdir(parents=True)
+    shutil.copy(RESULTS / "simple_spread_v3" / "qmix.json", out / "simple_spread_v3")
+    text = make_readme.generate(out).read_text()
+    png = out / make_readme.OVERVIEW_NAME
+    assert png.is_file() and f"![cooperative MPE tasks at a glance]({make_readme.OVERVIEW_NAME})" in text
+    first = png.read_bytes()
+    make_readme.generate(out)
+    assert png.read_bytes() == first  # the same JSON gives the same bytes
+    shutil.rmtree(out / "simple_spread_v3")  # no cooperative MPE result left: no heatmap, no link to one
+    assert make_readme.OVERVIEW_NAME not in make_readme.generate(out).read_text() and not png.exists()
+
+
 def test_comm_screens_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
     import comm_screens
 
