@@ -9,6 +9,15 @@ greedily with `--eval-checkpoint` twice, once with `--cuda` and once on the CPU,
 returns must agree: a checkpoint written on a GPU reloads on a machine without one and acts alike. (Greedy actions
 are argmaxes of float32 outputs: a GPU and a CPU may round a near-tie apart, so the table reports the difference
 rather than demanding zero.) `--cpu` runs the same check without --cuda on both sides, to test the script here.
+
+On a machine that has torch, numba and Cython but not the rest (the lent H200 machines: Python 3.12, no network),
+carry the missing packages as wheels downloaded where pip works (`pip download --no-deps --only-binary=:all:
+--python-version 3.12 --platform manylinux2014_x86_64 --platform any -d .whl gymnasium pettingzoo mpe2 magent2 tyro
+docstring_parser typeguard shtab Farama-Notifications pygame-ce`, the versions of this checkout's environment), then
+there: `pip install --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD;
+python setup.py build_ext --inplace; python results/cuda_check.py --workers 10`. For results/bench_jaxmarl.py
+--cuda add the wheels of ../shared/peers/README.md's install line and the packages they need (jaxmarl, distrax,
+tfp-nightly, gymnax, dm-tree, gast, decorator, hydra-core, omegaconf, antlr4-python3-runtime 4.9.3).
 """
 
 import argparse
@@ -100,8 +109,9 @@ def main():
     device = "CPU" if args.cpu else torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(args.workers) as pool:
         rows = list(pool.map(lambda n: check(n, workdir, not args.cpu, args.timeout), names))
+    command = " ".join(["python results/cuda_check.py", *sys.argv[1:]])
     lines = [f"# Every script with --cuda, its checkpoint played on the GPU and on the CPU ({device})", "",
-             f"`python results/cuda_check.py{' --cpu' if args.cpu else ''}`, torch {torch.__version__}. "
+             f"`{command}`, torch {torch.__version__}. "
              "A row passes when training exits 0 and both plays of `last.pt` print a return.", "",
              "| check | trained (s) | return, GPU | return, CPU | result |", "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
