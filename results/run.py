@@ -226,7 +226,7 @@ def parse_seeds(text: str) -> list[int]:
     if "," not in text:
         count = int(text)
         if count < 1:
-            raise argparse.ArgumentTypeError("--seeds N needs N >= 1")
+            raise argparse.ArgumentTypeError(f"--seeds {text}: a count N needs N >= 1 (seed 0 alone: --seeds 0,)")
         return list(range(count))
     seeds = [int(s) for s in text.split(",") if s.strip()]
     if not seeds or len(set(seeds)) != len(seeds):

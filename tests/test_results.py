@@ -127,6 +127,8 @@ def test_parse_seeds():
     assert sweep_runner.parse_seeds("3,") == [3]
     with pytest.raises(Exception, match="distinct"):
         sweep_runner.parse_seeds("1,1")
+    with pytest.raises(Exception, match="seed 0 alone: --seeds 0,"):  # a count of 0 is a mistake for seed 0
+        sweep_runner.parse_seeds("0")
 
 
 def test_dry_run_prints_the_exact_commands(tmp_path, capsys):
