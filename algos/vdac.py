@@ -1,6 +1,7 @@
 """VDAC-sum and VDAC-mix (Su et al. 2021, arXiv:2007.12306); results: results/simple_spread_v3/vdac.json"""
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -10,9 +11,11 @@ from torch.distributions import Categorical
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
+    INPUT_CLIP,
     ArgumentError,
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_discrete,
     check_groups,
@@ -60,6 +63,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """advantage normalization"""
     hidden_size: int = 64
     """width of the actors' and local critics' hidden layers"""
+    feature_norm: Literal["running", "none"] = "none"
+    """`running`: the networks' inputs (observations, and the mixer's state) normalized per feature by running
+    mean/std, fixed within a rollout, as mappo.py's default (a screen on simple_reference: results/mpe_matrix.md)"""
     mixing_embed_dim: int = 32
     """--mixer mix: width of the mixing network's hidden layer"""
     hypernet_embed: int = 64
@@ -86,12 +92,15 @@ class Agents(nn.Module):
 
     def __init__(self, spec, args):
         super().__init__()
-        self.spec, d = spec, int(np.prod(spec.obs_shape)) + spec.n_agents
+        obs_dim = int(np.prod(spec.obs_shape))
+        self.spec, d = spec, obs_dim + spec.n_agents
         self.actor = mlp(d, spec.action_dim, args.hidden_size, 0.01)
         self.critic = mlp(d, 1, args.hidden_size, 1.0)
+        self.obs_norm = RunningNorm(obs_dim) if args.feature_norm == "running" else None
 
     def forward(self, obs):  # obs (B, A, *obs_shape) -> logits (B, A, n), local values (B, A)
         x = obs.flatten(2)
+        x = x if self.obs_norm is None else self.obs_norm.normalize(x, INPUT_CLIP)
         x = torch.cat([x, torch.eye(self.spec.n_agents, device=x.device).expand(*x.shape[:-1], -1)], -1)
         return self.actor(x), self.critic(x).squeeze(-1)
 
@@ -122,10 +131,22 @@ class VDAC(nn.Module):
         self.agents = nn.ModuleDict({g: Agents(spec, args) for g, spec in specs.items()})
         n_agents = sum(spec.n_agents for spec in specs.values())
         self.mixer = Mixer(n_agents, state_dim, args) if args.mixer == "mix" else None
+        self.state_norm = RunningNorm(state_dim) if args.feature_norm == "running" and self.mixer else None
 
     def v_tot(self, local_values, state, alive):  # local (B, N), state (B, *S), alive (B, N) -> V_tot (B,)
         local_values = local_values * alive  # a dead agent adds nothing
-        return local_values.sum(-1) if self.mixer is None else self.mixer(local_values, state.flatten(1))
+        if self.mixer is None:
+            return local_values.sum(-1)
+        state = state.flatten(1)
+        state = state if self.state_norm is None else self.state_norm.normalize(state, INPUT_CLIP)
+        return self.mixer(local_values, state)
+
+    def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
+        for g, agents in self.agents.items():
+            if agents.obs_norm is not None:
+                agents.obs_norm.update(torch.as_tensor(rb[f"{g}_obs"])[torch.as_tensor(rb[f"{g}_alive"])])
+        if self.state_norm is not None:
+            self.state_norm.update(torch.as_tensor(rb["state"]))
 
 
 def t(x, device):
@@ -170,7 +191,7 @@ def actor(ckpt, group, spec, device, greedy=True):
     return lambda num_envs, rng: act_fn
 
 
-NETWORK_FLAGS = ("hidden_size", "mixer", "mixing_embed_dim", "hypernet_embed")  # what the weights depend on
+NETWORK_FLAGS = ("hidden_size", "mixer", "mixing_embed_dim", "hypernet_embed", "feature_norm")  # the weights' flags
 
 
 def main(args):
@@ -224,6 +245,7 @@ def main(args):
             # UPDATE
             for k, v in update(vdac, optimizer, rb, specs, args, device, rng).items():
                 writer.add_scalar(f"losses/{k}", v, global_step)
+            vdac.update_input_norms(rb)
             rb.reset()
 
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)

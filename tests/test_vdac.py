@@ -96,3 +96,15 @@ def test_bad_input_fails_with_one_clear_error(flags, message, capsys):
     assert code == 2 and "Traceback" not in stderr
     line = stderr.strip().splitlines()[-1]
     assert line.startswith("error:") and message.lower() in line.lower(), stderr
+
+
+def test_feature_norm_running_keeps_its_statistics_in_the_checkpoint_and_reloads_to_the_same_actions(tmp_path, capsys):
+    run_inline(capsys, "--feature-norm", "running", "--total-timesteps", 200, "--eval-interval", 0,
+               "--run-dir", tmp_path)  # fmt: skip
+    nets = torch.load(tmp_path / "last.pt", weights_only=True)["nets"]["vdac"]
+    assert nets["agents.agent.obs_norm.count"] > 0 and nets["state_norm.count"] > 0  # updated after each rollout
+    assert nets["agents.agent.obs_norm.var"].ne(1).any()
+    _, stdout, _ = run_inline(capsys, "--eval-checkpoint", tmp_path / "last.pt")  # --feature-norm from the file
+    reloaded = float(re.search(r"episodic return (-?[\d.]+)", stdout).group(1))
+    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"][:2]
+    assert reloaded == pytest.approx(float(np.mean(final)), abs=0.01)
