@@ -164,14 +164,14 @@ def cli(args_class, main):
 def keep_freed_memory() -> bool:
     """Have glibc's malloc serve every block from its heap and keep what is freed there for reuse.
 
-    By default glibc maps a block over its mmap threshold (128 kB, raised on the fly up to 32 MB) afresh and hands it
-    back to the OS on free, and trims the heap's free top, so a tensor of a few MB (a PPO minibatch's activations; on
-    MAgent2's battle, hundreds of MB) is page-faulted in again at every allocation: about 5,000 faults per MAPPO
-    update at our defaults. The learning is the same to the bit; a process keeps the memory of its peak (1.8x on
-    battle_v4). results/speed/malloc.md and battle.md measure both. Returns whether it applied: not without glibc, nor
-    where the environment tunes glibc's malloc itself (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
-    MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, or glibc.malloc in GLIBC_TUNABLES), nor with FLASHMARL_MALLOC=glibc (glibc's
-    defaults).
+    By default glibc maps a block over its mmap threshold (128 kB, raised on the fly up to 32 MB) afresh and hands
+    it back to the OS on free, and trims the heap's free top, so a tensor of a few MB (a PPO minibatch's
+    activations; on MAgent2's battle, hundreds of MB) is page-faulted in again at most allocations: a 160k-step
+    MAPPO run at our defaults takes 4.5x the page faults. The learning is the same to the bit; a process keeps the
+    memory of its peak (2x on battle_v4). results/speed/malloc.md and battle.md measure both. Returns whether it
+    applied: not without glibc, nor where the environment tunes glibc's malloc itself (MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, or glibc.malloc in GLIBC_TUNABLES), nor with
+    FLASHMARL_MALLOC=glibc (glibc's defaults).
     """
     tunables = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
     if platform.libc_ver()[0] != "glibc" or os.environ.get("FLASHMARL_MALLOC") == "glibc":
