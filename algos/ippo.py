@@ -10,8 +10,8 @@ from torch.distributions import Normal
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
-    INPUT_CLIP,
     Categorical,
+    InputNorm,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -152,18 +152,13 @@ class Policy(nn.Module):
         if not spec.discrete:  # state-independent log-std
             self.logstd = nn.Parameter(torch.zeros(spec.action_dim))
         self.value_norm, self.use_value_norm = RunningNorm(), args.value_norm
-        self.feature_norm = feature_norm(args) == "running"
-        if self.feature_norm:  # per-feature input statistics: an observation keeps its scale and offset
-            self.obs_norm = RunningNorm(obs_dim)
+        self.obs_norm = InputNorm(obs_dim, feature_norm(args) == "running")  # per feature: keeps an input's scale
 
     def inputs(self, obs):  # (B, A, *obs_shape) -> flat, normalized by the running statistics (--feature-norm)
-        x = obs.flatten(2)
-        return self._with_id(self.obs_norm.normalize(x, INPUT_CLIP) if self.feature_norm else x)
+        return self._with_id(self.obs_norm(obs.flatten(2)))
 
     def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
-        if self.feature_norm:
-            alive = torch.as_tensor(rb["agent_mask"])
-            self.obs_norm.update(torch.as_tensor(rb["obs"])[alive])  # RunningNorm moves it to its device
+        self.obs_norm.update(rb["obs"], alive=rb["agent_mask"])
 
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         if not self.with_id:

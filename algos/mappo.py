@@ -10,8 +10,8 @@ from torch.distributions import Normal
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
-    INPUT_CLIP,
     Categorical,
+    InputNorm,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -155,18 +155,12 @@ class Policy(nn.Module):
         if not spec.discrete:  # state-independent log-std
             self.logstd = nn.Parameter(torch.zeros(spec.action_dim))
         self.value_norm, self.use_value_norm = RunningNorm(), args.value_norm
-        self.feature_norm = feature_norm(args) == "running"
-        if self.feature_norm:  # per-feature input statistics: an observation keeps its scale and offset
-            self.obs_norm, self.state_norm = RunningNorm(obs_dim), RunningNorm(state_dim)
-
-    def inputs(self, x, norm):  # flat observations or states, normalized by their running statistics (--feature-norm)
-        return getattr(self, norm).normalize(x, INPUT_CLIP) if self.feature_norm else x
+        on = feature_norm(args) == "running"  # per-feature input statistics: an observation keeps its scale and offset
+        self.obs_norm, self.state_norm = InputNorm(obs_dim, on), InputNorm(state_dim, on)
 
     def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
-        if self.feature_norm:
-            alive = torch.as_tensor(rb["agent_mask"])
-            self.obs_norm.update(torch.as_tensor(rb["obs"])[alive])  # RunningNorm moves it to its device
-            self.state_norm.update(torch.as_tensor(rb["state"]))
+        self.obs_norm.update(rb["obs"], alive=rb["agent_mask"])
+        self.state_norm.update(rb["state"])
 
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         if not self.with_id:
@@ -174,7 +168,7 @@ class Policy(nn.Module):
         return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1)
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
-        return self.actor(self._with_id(self.inputs(obs.flatten(2), "obs_norm")), hx, keep)
+        return self.actor(self._with_id(self.obs_norm(obs.flatten(2))), hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
@@ -182,7 +176,7 @@ class Policy(nn.Module):
         return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, state, hx=None, keep=None):  # (B, *S) -> normalized V per agent (B, A), next hidden
-        s = self.inputs(state.flatten(1), "state_norm")  # every agent sees it (with its id: one first layer, not A)
+        s = self.state_norm(state.flatten(1))  # every agent sees it (with its id: one first layer, not A)
         if self.with_id:
             v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx, keep)
         else:

@@ -1,7 +1,7 @@
 """VDAC-sum and VDAC-mix (Su et al. 2021, arXiv:2007.12306); results: results/simple_spread_v3/vdac.json"""
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -11,11 +11,11 @@ from torch.distributions import Categorical
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
-    INPUT_CLIP,
     ArgumentError,
+    InputNorm,
     MultiAgentArgs,
     Run,
-    RunningNorm,
+    adam,
     check_args,
     check_discrete,
     check_groups,
@@ -63,13 +63,17 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """advantage normalization"""
     hidden_size: int = 64
     """width of the actors' and local critics' hidden layers"""
-    feature_norm: Literal["running", "none"] = "none"
+    feature_norm: Literal["running", "none"] = "running"
     """`running`: the networks' inputs (observations, and the mixer's state) normalized per feature by running
-    mean/std, fixed within a rollout, as mappo.py's default (a screen on simple_reference: results/mpe_matrix.md)"""
+    mean/std, fixed within a rollout, as mappo.py's default; `none` was the default before, and VDAC failed on
+    simple_reference without it (results/mpe_matrix.md)"""
     mixing_embed_dim: int = 32
     """--mixer mix: width of the mixing network's hidden layer"""
     hypernet_embed: int = 64
     """--mixer mix: width of the hypernetworks' hidden layer"""
+
+    BEFORE_FLAGS: ClassVar[dict] = {"feature_norm": "none"}
+    """not a flag: what a checkpoint written before --feature-norm existed ran with (runtime.checkpoint_args)"""
 
     # --- derived at runtime ---
     batch_size: int = field(default=0, init=False)
@@ -96,12 +100,12 @@ class Agents(nn.Module):
         self.spec, d = spec, obs_dim + spec.n_agents
         self.actor = mlp(d, spec.action_dim, args.hidden_size, 0.01)
         self.critic = mlp(d, 1, args.hidden_size, 1.0)
-        self.obs_norm = RunningNorm(obs_dim) if args.feature_norm == "running" else None
+        self.obs_norm = InputNorm(obs_dim, args.feature_norm == "running")
+        self.register_buffer("ids", torch.eye(spec.n_agents), persistent=False)  # the agent-id one-hots
 
     def forward(self, obs):  # obs (B, A, *obs_shape) -> logits (B, A, n), local values (B, A)
-        x = obs.flatten(2)
-        x = x if self.obs_norm is None else self.obs_norm.normalize(x, INPUT_CLIP)
-        x = torch.cat([x, torch.eye(self.spec.n_agents, device=x.device).expand(*x.shape[:-1], -1)], -1)
+        x = self.obs_norm(obs.flatten(2))
+        x = torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1)
         return self.actor(x), self.critic(x).squeeze(-1)
 
 
@@ -131,22 +135,18 @@ class VDAC(nn.Module):
         self.agents = nn.ModuleDict({g: Agents(spec, args) for g, spec in specs.items()})
         n_agents = sum(spec.n_agents for spec in specs.values())
         self.mixer = Mixer(n_agents, state_dim, args) if args.mixer == "mix" else None
-        self.state_norm = RunningNorm(state_dim) if args.feature_norm == "running" and self.mixer else None
+        self.state_norm = InputNorm(state_dim, args.feature_norm == "running" and self.mixer is not None)
 
     def v_tot(self, local_values, state, alive):  # local (B, N), state (B, *S), alive (B, N) -> V_tot (B,)
         local_values = local_values * alive  # a dead agent adds nothing
         if self.mixer is None:
             return local_values.sum(-1)
-        state = state.flatten(1)
-        state = state if self.state_norm is None else self.state_norm.normalize(state, INPUT_CLIP)
-        return self.mixer(local_values, state)
+        return self.mixer(local_values, self.state_norm(state.flatten(1)))
 
     def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
         for g, agents in self.agents.items():
-            if agents.obs_norm is not None:
-                agents.obs_norm.update(torch.as_tensor(rb[f"{g}_obs"])[torch.as_tensor(rb[f"{g}_alive"])])
-        if self.state_norm is not None:
-            self.state_norm.update(torch.as_tensor(rb["state"]))
+            agents.obs_norm.update(rb[f"{g}_obs"], alive=rb[f"{g}_alive"])
+        self.state_norm.update(rb["state"])
 
 
 def t(x, device):
@@ -208,7 +208,7 @@ def main(args):
     learners = check_groups(args, env)
     specs = {g: env.groups[g] for g in learners}
     vdac = VDAC(specs, int(np.prod(env.state_shape)), args).to(device)
-    optimizer = torch.optim.Adam(vdac.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = adam(vdac.parameters(), args.learning_rate, eps=1e-5)
 
     def make_greedy(num_envs, rng):  # evaluation: the most probable action of every agent
         return lambda obs, done: act(vdac, obs, device, greedy=True)[0]

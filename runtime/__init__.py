@@ -48,7 +48,7 @@ from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_c
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.gru import gru_sequence
-from runtime.norm import INPUT_CLIP, RunningNorm, feature_norm
+from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
 from runtime.optim import adam, clip_grad_norm, optimize, soft_update
 from runtime.run import Run, RunStopped
 
@@ -57,6 +57,7 @@ __all__ = [
     "FINAL_EPISODES",
     "FINAL_SEED",
     "INPUT_CLIP",
+    "InputNorm",
     "ArgumentError",
     "Categorical",
     "CheckpointError",

@@ -134,8 +134,10 @@ def checkpoint_defaults(args_class, argv):
 
 def checkpoint_args(args_class, saved: dict, skip=()):
     """`args_class` with the flags `saved` in a checkpoint (but `skip`); run dir, resume and eval checkpoint unset.
-    A script's actor() rebuilds its networks from these."""
+    A script's actor() rebuilds its networks from these. A flag a checkpoint predates takes the value it then had,
+    from `args_class.BEFORE_FLAGS` where a script declares one (a default changed since)."""
     fields = {f.name for f in dataclasses.fields(args_class) if f.init} - set(skip)
+    saved = {**getattr(args_class, "BEFORE_FLAGS", {}), **saved}
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
     kwargs.update(run_dir=None, resume=None, eval_checkpoint=None)  # the command line says where, and what to do
     return args_class(**kwargs)

@@ -8,8 +8,8 @@ class RunningNorm(nn.Module):
     """Running mean/std over samples of shape `shape` (Chan et al.'s parallel merge of each batch's moments).
 
     Its moments are buffers, so a checkpoint reloads with the statistics its networks acted on. mappo.py and
-    ippo.py normalize value targets with it (the critic predicts values in these units) and, per feature, the
-    networks' inputs (--feature-norm running).
+    ippo.py normalize value targets with it (the critic predicts values in these units); InputNorm below is the
+    networks' inputs (--feature-norm running of mappo.py, ippo.py and vdac.py).
     """
 
     def __init__(self, shape=()):
@@ -35,6 +35,29 @@ class RunningNorm(nn.Module):
 
 
 INPUT_CLIP = 10.0  # --feature-norm running: normalized inputs are clipped to [-10, 10]
+
+
+class InputNorm(RunningNorm):
+    """A network's inputs normalized per feature by running mean/std, clipped to +-INPUT_CLIP (--feature-norm running).
+
+    Off, it is the identity and holds no buffers: a checkpoint's state dict is what it was without it. The scripts
+    call `update` once per rollout, after the update, so acting and the next update see the same statistics.
+    """
+
+    def __init__(self, dim, on=True):
+        if on:
+            super().__init__(dim)
+        else:
+            nn.Module.__init__(self)
+        self.on = on
+
+    def forward(self, x):
+        return self.normalize(x, INPUT_CLIP) if self.on else x
+
+    def update(self, x, alive=None):  # x (..., dim) a rollout's inputs; alive (...): the samples to count, if given
+        if self.on:
+            x = torch.as_tensor(x)
+            super().update(x if alive is None else x[torch.as_tensor(alive)])  # RunningNorm moves it to its device
 
 
 def feature_norm(args) -> str:

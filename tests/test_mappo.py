@@ -297,7 +297,7 @@ def test_critic_takes_the_state_once_and_equals_the_per_agent_input(feature_norm
     state = 2.0 * torch.randn(7, 11) + 0.5
     hx = torch.randn(7, 5, 16) if rnn else None
     fast, h_fast = pol.critic_values(state, hx)
-    plain, h_plain = pol.critic(pol._with_id(pol.inputs(state, "state_norm").unsqueeze(1).expand(-1, 5, -1)), hx)
+    plain, h_plain = pol.critic(pol._with_id(pol.state_norm(state).unsqueeze(1).expand(-1, 5, -1)), hx)
     torch.testing.assert_close(fast, plain.squeeze(-1), rtol=1e-5, atol=1e-5)
     if rnn:
         torch.testing.assert_close(h_fast, h_plain, rtol=1e-5, atol=1e-5)

@@ -417,6 +417,25 @@ def test_running_norm_merges_batches_into_the_moments_of_their_concatenation(sha
     assert torch.all(norm.normalize(far, clip=10.0) == 10.0) and torch.all(norm.normalize(far) > 99)
 
 
+def test_input_norm_counts_only_the_alive_samples_and_off_is_the_identity_with_nothing_to_save():
+    """--feature-norm running: InputNorm's moments are those of the alive samples alone, its output clipped to
+    +-INPUT_CLIP; off, a network's inputs pass unchanged and its state dict is what it was without the module."""
+    from runtime import INPUT_CLIP, InputNorm
+
+    rng = np.random.default_rng(0)
+    x, alive = rng.normal(3.0, 2.0, (50, 4, 6)).astype(np.float32), rng.random((50, 4)) < 0.7
+    x[~alive] = 1e6  # a dead agent's padding: counted, it would wreck the moments
+    norm = InputNorm(6)
+    norm.update(x, alive=alive)
+    np.testing.assert_allclose(norm.mean.numpy(), x[alive].mean(0), rtol=1e-5)
+    np.testing.assert_allclose(norm.var.numpy(), x[alive].var(0), rtol=1e-4)
+    assert norm(torch.as_tensor(x)).abs().max() == INPUT_CLIP  # the padding, 1e6 away, is clipped
+    off = InputNorm(6, on=False)
+    off.update(x, alive=alive)
+    inputs = torch.as_tensor(x)
+    assert off(inputs) is inputs and off.state_dict() == {}
+
+
 def test_categorical_equals_torchs_and_samples_its_probabilities():
     """runtime.Categorical (log-softmax along the first axis, Gumbel-max sampling) against
     torch.distributions.Categorical: log-probs, entropy, mode and their gradients; sampled frequencies within 4
