@@ -29,6 +29,7 @@ import _fake  # noqa: E402
 import collect  # noqa: E402
 import make_readme  # noqa: E402
 import run as sweep_runner  # noqa: E402
+import script_runs  # noqa: E402
 
 TOTAL = 1000
 FAKE_CURVES = {"fake_a": (-20.0, 10.0), "fake_b": (-30.0, 20.0)}  # (offset, slope) as in fake_*.py
@@ -763,20 +764,35 @@ def test_a_tournament_page_is_nested_in_the_readme_with_its_heatmap(tmp_path):
     assert "![score matrix](battle_v4/tournament.png)" in text
 
 
-def test_comm_probe_tells_a_communicating_team_from_a_random_one():
+@pytest.mark.parametrize("env_id", ["simple_reference_v3", "simple_speaker_listener_v4"])
+def test_comm_probe_tells_a_communicating_team_from_a_random_one(env_id):
     import comm_probe
 
-    env = comm_probe.make(comm_probe.ENV_ID, num_envs=1, seed=0, backend="numba")
-    spec = next(iter(env.groups.values()))
+    env = comm_probe.make(env_id, num_envs=1, seed=0, backend="numba")
+    specs = dict(env.groups)
     env.close()
-    rand = comm_probe.probe(comm_probe.random_actor(spec), spec, 300)
-    talk = comm_probe.probe(comm_probe.scripted_actor(spec), spec, 300)
+    rand = comm_probe.probe(*comm_probe.actors_of("random", env_id, specs, 300), 300)
+    talk = comm_probe.probe(*comm_probe.actors_of("scripted", env_id, specs, 300), 300)
     assert abs(rand["reach"] - 1 / 3) < 0.07 and rand["symbol_bits"] < 0.01
     assert talk["reach"] > 0.85 and talk["symbol_bits"] > 1.55 and talk["dist_target"] < talk["dist_other"] / 3
     assert talk["return"] > rand["return"] + 10
     x = np.repeat(np.arange(3), 100)  # a symbol that is the colour: log2(3) bits; one that ignores it: 0
     assert comm_probe.mutual_information_bits(x, x, 10, 3) == pytest.approx(np.log2(3))
     assert comm_probe.mutual_information_bits(np.zeros_like(x), x, 10, 3) == 0.0
+
+
+def test_comm_probe_reads_a_checkpoints_every_group(tmp_path, capsys):
+    """A speaker_listener checkpoint (two groups, continuous actions) plays through the probe's command."""
+    import comm_probe
+
+    script_runs.run_inline(capsys, "maddpg", "--env-id", "simple_speaker_listener_v4", "--num-envs", "2",
+                           "--total-timesteps", 200, "--learning-starts", 100, "--eval-interval", 0,
+                           "--final-eval-episodes", 2, "--run-dir", tmp_path)  # fmt: skip
+    comm_probe.main([str(tmp_path / "last.pt"), "--env-id", "simple_speaker_listener_v4", "--episodes", "20",
+                     "--out", str(tmp_path / "probe.json")])  # fmt: skip
+    rows = json.loads((tmp_path / "probe.json").read_text())
+    assert [r["algo"] for r in rows] == ["random", "scripted", "maddpg"]
+    assert 0 <= rows[2]["reach"] <= 1 and rows[2]["symbol_bits"] >= 0 and rows[2]["episodes"] == 20
 
 
 def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budget_matrix_rows_first(tmp_path):
