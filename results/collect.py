@@ -703,6 +703,12 @@ def main(argv: list[str] | None = None) -> int:
     paths, errors = collect(args.out, groups)
     for path in paths:
         print(f"wrote {path}")
+        if (kwargs := json.loads(read_json(path)["config"].get("env_kwargs") or "{}")) != {}:
+            print(
+                f"note: {path.parent.name}/{path.stem} trained and was evaluated with --env-kwargs "
+                f"'{json.dumps(kwargs)}': its returns are of that env, not the standard one",
+                file=sys.stderr,
+            )
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
     return 1 if errors else 0

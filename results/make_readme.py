@@ -106,6 +106,11 @@ def config_drift(result: dict) -> str | None:
     return f"{', '.join(changed)}" + (f"; options added since: {', '.join(added)}" if added else "")
 
 
+def env_kwargs_of(result: dict) -> dict:
+    """The --env-kwargs a result's runs trained and were evaluated with ({} for the standard env)."""
+    return json.loads(result["config"].get("env_kwargs") or "{}")
+
+
 def fmt(x: float | None, digits: int = 2) -> str:
     """A number for a table cell; an em dash for a missing one."""
     return "—" if x is None else f"{x:.{digits}f}"
@@ -502,6 +507,7 @@ def env_section(
     old = [algo for algo, result in ours.items() if result.get("evaluation_protocol") != "v2"]
     for algo in sorted(set(ours) | set(refs)):
         marks = (" (stale)" if drift.get(algo) else "") + (" (v1)" if algo in old else "")
+        marks += " (env kwargs)" if algo in ours and env_kwargs_of(ours[algo]) else ""
         cells = [f"`{algo}`{marks}", "—", "not run yet", "—", "—", "—", "—"]
         if algo in ours:
             result = ours[algo]
@@ -521,6 +527,13 @@ def env_section(
     lines.append("")
     if old:
         lines += [f"(v1): made under evaluation protocol v1: {V1_NOTE}", ""]
+    for algo, result in sorted(ours.items()):
+        if kwargs := env_kwargs_of(result):
+            lines += [
+                f"(env kwargs): `{algo}` trained and was evaluated with `--env-kwargs '{json.dumps(kwargs)}'`: "
+                "its returns are of that env, which may score another quantity than the standard one.",
+                "",
+            ]
     lines += group_table(results)
     for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
         source, protocol = notes[number - 1]

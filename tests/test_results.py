@@ -361,6 +361,31 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     assert "its command no longer parses" in make_readme.generate(out).read_text()
 
 
+def test_a_row_trained_on_other_env_kwargs_says_so_in_its_section_and_when_collected(local_sweep, tmp_path, capsys):
+    """--env-kwargs change what a row's returns measure (simple_spread's local_ratio: another reward); the section
+    marks such a row and names its kwargs, and collect.py says it on the way in. A standard row gets neither."""
+    out = tmp_path / "results"
+    (out / "simple_spread_v3").mkdir(parents=True)
+    result = json.loads((RESULTS / "simple_spread_v3" / "mappo-continuous.json").read_text())
+    path = out / "simple_spread_v3" / "mappo-continuous.json"
+    path.write_text(json.dumps(result))
+    assert "(env kwargs)" not in make_readme.generate(out).read_text()
+    result["config"]["env_kwargs"] = '{"local_ratio": 0.0}'
+    path.write_text(json.dumps(result))
+    text = make_readme.generate(out).read_text()
+    assert "| `mappo-continuous` (stale) (env kwargs) |" in text or "| `mappo-continuous` (env kwargs) |" in text
+    assert "`mappo-continuous` trained and was evaluated with `--env-kwargs '{\"local_ratio\": 0.0}'`" in text
+    sweep = tmp_path / "sweep"
+    shutil.copytree(local_sweep[0], sweep)
+    assert collect.main(["--out", str(sweep), "--algos", "fake_a"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    for config in (sweep / "runs" / "env_x" / "fake_a").glob("seed*/config.json"):
+        config.write_text(json.dumps({**json.loads(config.read_text()), "env_kwargs": '{"N": 4}'}))
+    assert collect.main(["--out", str(sweep), "--algos", "fake_a"]) == 0
+    err = capsys.readouterr().err
+    assert "note: env_x/fake_a trained and was evaluated with --env-kwargs '{\"N\": 4}'" in err
+
+
 def test_a_reference_stands_beside_the_variants_it_lists_and_only_those(tmp_path):
     out = tmp_path / "results"
     (out / "simple_spread_v3").mkdir(parents=True)
