@@ -591,8 +591,11 @@ V1_NOTE = (
 )
 
 
-def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], finals: dict | None = None) -> str:
-    """The whole README as a string; ``finals``: results/final_policies.json."""
+def render(
+    out: Path, by_env: dict[str, list[dict]], references: list[dict], finals: dict | None = None, plot: bool = False
+) -> str:
+    """The whole README as a string; ``finals``: results/final_policies.json; ``plot``: the overview's heatmap was
+    drawn (shown above its table)."""
     lines = [
         "# Results",
         "",
@@ -628,8 +631,7 @@ def render(out: Path, by_env: dict[str, list[dict]], references: list[dict], fin
     if not envs:
         lines += ["No results yet.", ""]
     crossplays = sorted(Path(out).glob("*/crossplay.md"))
-    plot = OVERVIEW_NAME if (Path(out) / OVERVIEW_NAME).exists() else ""
-    lines += overview_table(by_env, finals or {}, bool(crossplays), plot)
+    lines += overview_table(by_env, finals or {}, bool(crossplays), OVERVIEW_NAME if plot else "")
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
@@ -669,9 +671,10 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
     readme = out / "README.md"
     finals = read_json(out / eval_final.OUTPUT_NAME) or {}
     algos, _, numbers = overview_cells(by_env, finals)
-    if not plot_overview(algos, numbers, out / OVERVIEW_NAME):
+    plot = plot_overview(algos, numbers, out / OVERVIEW_NAME)
+    if not plot:
         (out / OVERVIEW_NAME).unlink(missing_ok=True)
-    readme.write_text(render(out, by_env, references, finals))
+    readme.write_text(render(out, by_env, references, finals, plot))
     return readme
 
 
