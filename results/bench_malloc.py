@@ -24,7 +24,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from bench_train import _cpu, sps
+from bench_train import _cpu, run_dir_of, sps
 from compare_losses import losses
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def main():
                     runs[name].append(value)
                     faults[name].append(resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - before)
                     print(f"{algo:6s} {name:17s} {value:,.0f} env-steps/s, {faults[name][-1]:,} faults", flush=True)
-            pair = [losses(str(Path(tmp) / f"{algo}_numba_sync_1_0_{i}"), args.steps) for i in range(2)]
+            pair = [losses(str(run_dir_of(algo, "numba", 1, tmp, tag=f"_0_{i}")), args.steps) for i in range(2)]
             same = pair[0] == pair[1] and bool(pair[0])
             rows.append(dict(algo=algo, steps=args.steps, command=cmd, runs=runs, page_faults=faults, same_losses=same,
                              median={name: statistics.median(v) for name, v in runs.items()}))  # fmt: skip

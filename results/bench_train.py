@@ -95,10 +95,15 @@ SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes 
 VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
 
 
+def run_dir_of(algo, backend, threads, workdir, vector="sync", extra="", tag=""):
+    """The run directory sps() trains into under `workdir` (bench_malloc.py reads the runs' losses there)."""
+    return Path(workdir) / f"{algo}_{backend}_{vector}_{threads}{extra.replace(' ', '').replace('-', '_')}{tag}"
+
+
 def sps(algo, backend, steps, threads, workdir, vector="sync", extra="", env=None, tag=""):
     """env-steps/s of one training run of algos/<algo>.py (its last SPS point) and the command; `env`: the process's
     environment variables (default: this one's)."""
-    run_dir = Path(workdir) / f"{algo}_{backend}_{vector}_{threads}{extra.replace(' ', '').replace('-', '_')}{tag}"
+    run_dir = run_dir_of(algo, backend, threads, workdir, vector, extra, tag)
     flags = f"--backend {backend} --total-timesteps {steps} --eval-interval 0 --eval-episodes 1 --final-eval-episodes 0"
     flags += f" --torch-threads {threads}"
     flags += f" --vector {vector}" * (vector != "sync") + f" {extra}" * bool(extra)
