@@ -7,10 +7,10 @@ In simple_reference_v3 each of the two agents sees the colour of the landmark it
 partner's last symbol (one of 10); it cannot see its own target. In simple_speaker_listener_v4 the speaker sees
 only the colour of the listener's target and says one of 3 symbols; the listener sees the landmarks and the symbol,
 and moves. A team that does not communicate can do no better than waiting at a point between the three landmarks.
-For each checkpoint (and a uniformly random policy, for the floor) the probe plays the protocol-v2 episodes (env i
-seeded 10000 + i), greedily, and reports from the agents' own observations:
+For each checkpoint (and a uniformly random policy, for the floor) the probe plays the final evaluation's episodes
+of protocol v2 (mpe2's env i seeded 10000 + i), greedily, and reports from the agents' own observations:
 
-* `return`: the episode return (the mean over agents, as in results/), for comparison with the rows there.
+* `return`: the episode return (the mean over agents), equal to the seed's final-policy number in results/.
 * `reach`: the fraction of (episode, mover) where the agent that must reach a target (both agents of
   simple_reference, the listener) ends nearest to it. One that ignores the symbols ends there by chance: about 1/3.
 * `dist_target`, `dist_other`: its mean final distance to its target and to the two other landmarks.
@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from envs import make  # noqa: E402
 from runtime.checkpoint import read_checkpoint  # noqa: E402
+from runtime.evaluation import FINAL_SEED  # noqa: E402
 from runtime.opponents import load_actor, random_actor  # noqa: E402
 
 MOVES, LANDMARKS = 5, 3  # mpe2's discrete moves (1 -x, 2 +x, 3 -y, 4 +y) and the tasks' landmarks
@@ -118,7 +119,14 @@ def mutual_information_bits(x: np.ndarray, y: np.ndarray, nx: int, ny: int) -> f
 def probe(task, actors: dict, episodes: int) -> dict:
     """Play `episodes` episodes with `actors` ({group: act(obs, done) -> {group: actions}}) and measure what the
     symbols sent do."""
-    env = make(task.env_id, num_envs=episodes, seed=10000, backend="numba", continuous_actions=not task.discrete)
+    env = make(
+        task.env_id,
+        num_envs=episodes,
+        seed=FINAL_SEED,
+        backend="pettingzoo",
+        vector="sync",
+        continuous_actions=not task.discrete,
+    )  # the final evaluation's episodes (runtime.evaluation)
     obs, done, sent, colour, ret = env.reset(), None, [], [], np.zeros(episodes)
     while True:
         with torch.no_grad():
