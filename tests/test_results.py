@@ -807,17 +807,20 @@ def test_comm_probe_tells_a_communicating_team_from_a_random_one(env_id):
 
 
 def test_comm_probe_reads_a_checkpoints_every_group(tmp_path, capsys):
-    """A speaker_listener checkpoint (two groups, continuous actions) plays through the probe's command."""
+    """A speaker_listener checkpoint (two groups, continuous actions) plays through the probe's command, on the
+    final evaluation's episodes: its return is the run's own final-policy number."""
     import comm_probe
 
     script_runs.run_inline(capsys, "maddpg", "--env-id", "simple_speaker_listener_v4", "--num-envs", "2",
                            "--total-timesteps", 200, "--learning-starts", 100, "--eval-interval", 0,
-                           "--final-eval-episodes", 2, "--run-dir", tmp_path)  # fmt: skip
+                           "--final-eval-episodes", 20, "--run-dir", tmp_path)  # fmt: skip
     comm_probe.main([str(tmp_path / "last.pt"), "--env-id", "simple_speaker_listener_v4", "--episodes", "20",
                      "--out", str(tmp_path / "probe.json")])  # fmt: skip
     rows = json.loads((tmp_path / "probe.json").read_text())
     assert [r["algo"] for r in rows] == ["random", "scripted", "maddpg"]
     assert 0 <= rows[2]["reach"] <= 1 and rows[2]["symbol_bits"] >= 0 and rows[2]["episodes"] == 20
+    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"]
+    assert rows[2]["return"] == pytest.approx(float(np.mean(final)), abs=1e-4)
 
 
 def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budget_matrix_rows_first(tmp_path):
