@@ -16,6 +16,7 @@ of protocol v2 (mpe2's env i seeded 10000 + i), greedily, and reports from the a
 * `dist_target`, `dist_other`: its mean final distance to its target and to the two other landmarks.
 * `symbol_bits`: the information the symbols sent carry about the target colour the sender sees, I(symbol; colour)
   in bits over every step (the most is log2(3) = 1.58). Zero: the symbols say nothing, whatever the listener does.
+* `code`: per colour, the symbol sent most often and its share of the steps: a code uses a symbol per colour.
 
 A third row, `scripted`, is a hand-written team that communicates: the sender's symbol is the colour it sees, and
 the mover walks to the landmark the symbol names. It is the task's communicating ceiling for this probe, and what
@@ -116,6 +117,13 @@ def mutual_information_bits(x: np.ndarray, y: np.ndarray, nx: int, ny: int) -> f
     return float((joint[nz] * np.log2(joint[nz] / (px @ py)[nz])).sum())
 
 
+def code(sent: np.ndarray, colour: np.ndarray, symbols: int) -> list:
+    """Per target colour: the symbol sent most often, and its share of the steps ([symbol, share] per colour). A
+    code is a different symbol per colour; one symbol for every colour says nothing."""
+    counts = np.stack([np.bincount(sent[colour == c], minlength=symbols) for c in range(LANDMARKS)])
+    return [[int(c.argmax()), round(float(c.max() / max(c.sum(), 1)), 3)] for c in counts]
+
+
 def probe(task, actors: dict, episodes: int) -> dict:
     """Play `episodes` episodes with `actors` ({group: act(obs, done) -> {group: actions}}) and measure what the
     symbols sent do."""
@@ -153,6 +161,7 @@ def probe(task, actors: dict, episodes: int) -> dict:
         "dist_target": float(at_target.mean()),
         "dist_other": float(other.mean()),
         "symbol_bits": mutual_information_bits(sent, colour, task.symbols, LANDMARKS),
+        "code": code(sent, colour, task.symbols),
         "episodes": episodes,
     }
 

@@ -801,6 +801,8 @@ def test_comm_probe_tells_a_communicating_team_from_a_random_one(env_id):
     assert abs(rand["reach"] - 1 / 3) < 0.07 and rand["symbol_bits"] < 0.01
     assert talk["reach"] > 0.85 and talk["symbol_bits"] > 1.55 and talk["dist_target"] < talk["dist_other"] / 3
     assert talk["return"] > rand["return"] + 10
+    assert len({symbol for symbol, _ in talk["code"]}) == 3 and min(share for _, share in talk["code"]) > 0.9
+    assert comm_probe.code(np.zeros(6, int), np.arange(6) % 3, 10) == [[0, 1.0]] * 3  # one symbol for every colour
     x = np.repeat(np.arange(3), 100)  # a symbol that is the colour: log2(3) bits; one that ignores it: 0
     assert comm_probe.mutual_information_bits(x, x, 10, 3) == pytest.approx(np.log2(3))
     assert comm_probe.mutual_information_bits(np.zeros_like(x), x, 10, 3) == 0.0
