@@ -78,7 +78,8 @@ def config_drift(result: dict) -> str | None:
 
     The first seed's command is parsed with the script's current ``Args`` and compared with the config the runs
     recorded: an option whose default changed since makes the row stale (its README command no longer reproduces
-    it). Options added since are named too, since the recorded runs ran without them.
+    it). Options added since are named too, since the recorded runs ran without them; where the script says what
+    runs from before an option did (its Args.BEFORE_FLAGS), that is compared like a recorded value.
     """
     argv = shlex.split(result["per_seed"][0]["command"])
     if len(argv) < 2 or not (ROOT / argv[1]).is_file():
@@ -93,7 +94,7 @@ def config_drift(result: dict) -> str | None:
             today = tyro.cli(args_cls, args=argv[2:])
     except SystemExit:
         return "its command no longer parses (a flag was renamed or removed)"
-    recorded = result["config"]
+    recorded = getattr(args_cls, "BEFORE_FLAGS", {}) | result["config"]  # what runs older than a flag ran with
     options = [f.name for f in dataclasses.fields(args_cls) if f.init and f.name not in PER_RUN_KEYS]
     changed = [
         f"{key} {json.dumps(recorded[key])} → {json.dumps(value)}"

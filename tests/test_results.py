@@ -361,6 +361,21 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     assert "its command no longer parses" in make_readme.generate(out).read_text()
 
 
+def test_a_row_from_before_a_flag_is_stale_when_the_flags_new_default_differs_from_what_it_ran(tmp_path):
+    """VDAC's rows from before --feature-norm ran without input normalization (Args.BEFORE_FLAGS: none); today's
+    default is running, so rerunning their command would differ: stale. A row that recorded the flag is not."""
+    out = tmp_path / "results"
+    (out / "simple_spread_v3").mkdir(parents=True)
+    result = json.loads((RESULTS / "simple_spread_v3" / "vdac-3m.json").read_text())
+    path = out / "simple_spread_v3" / "vdac-3m.json"
+    path.write_text(json.dumps(result))
+    assert "(stale)" not in make_readme.generate(out).read_text()
+    del result["config"]["feature_norm"]  # as the rows made before the flag recorded it
+    path.write_text(json.dumps(result))
+    text = make_readme.generate(out).read_text()
+    assert "| `vdac-3m` (stale) |" in text and 'feature_norm "none" → "running"' in text
+
+
 def test_a_row_trained_on_other_env_kwargs_says_so_in_its_section_and_when_collected(local_sweep, tmp_path, capsys):
     """--env-kwargs change what a row's returns measure (simple_spread's local_ratio: another reward); the section
     marks such a row and names its kwargs, and collect.py says it on the way in. A standard row gets neither."""
@@ -840,7 +855,7 @@ def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budge
     qmix_result = json.loads((out / "simple_spread_v3" / "qmix.json").read_text())
     qmix = qmix_result["summary"]["final_policy"]
     assert f"| simple_spread_v3 | {qmix['mean']:.2f} ± {qmix['std']:.2f} (10M) | — |" in table
-    assert "| simple_reference_v3 | — | " in table and "(2M) |" in table
+    assert "| simple_reference_v3 | — | " in table and "(2M, stale) |" in table  # VDAC's default changed since
     matrix = dict(qmix_result, algo="qmix-3m", total_timesteps=3_000_000)  # the matrix's row takes the cell
     matrix["summary"] = dict(qmix_result["summary"], final_policy=dict(qmix, mean=-7.0))
     (out / "simple_spread_v3" / "qmix-3m.json").write_text(json.dumps(matrix))
