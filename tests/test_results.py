@@ -339,6 +339,16 @@ def test_readme_and_png_regenerate_byte_identical(local_sweep, tmp_path):
     assert (out / "env_x" / "curves.png").read_bytes() != png
 
 
+def published_row(tmp_path, env_id: str, algo: str):
+    """A results root under tmp_path holding a copy of one published row: (root, the row as a dict, its path)."""
+    out = tmp_path / "results"
+    (out / env_id).mkdir(parents=True)
+    result = json.loads((RESULTS / env_id / f"{algo}.json").read_text())
+    path = out / env_id / f"{algo}.json"
+    path.write_text(json.dumps(result))
+    return out, result, path
+
+
 def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     """Rerunning a row's recorded command with today's script must reproduce its config, or the README says so."""
     out = tmp_path / "results"
@@ -364,11 +374,7 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
 def test_a_row_from_before_a_flag_is_stale_when_the_flags_new_default_differs_from_what_it_ran(tmp_path):
     """VDAC's rows from before --feature-norm ran without input normalization (Args.BEFORE_FLAGS: none); today's
     default is running, so rerunning their command would differ: stale. A row that recorded the flag is not."""
-    out = tmp_path / "results"
-    (out / "simple_spread_v3").mkdir(parents=True)
-    result = json.loads((RESULTS / "simple_spread_v3" / "vdac-3m.json").read_text())
-    path = out / "simple_spread_v3" / "vdac-3m.json"
-    path.write_text(json.dumps(result))
+    out, result, path = published_row(tmp_path, "simple_spread_v3", "vdac-3m")
     assert "(stale)" not in make_readme.generate(out).read_text()
     del result["config"]["feature_norm"]  # as the rows made before the flag recorded it
     path.write_text(json.dumps(result))
@@ -379,11 +385,7 @@ def test_a_row_from_before_a_flag_is_stale_when_the_flags_new_default_differs_fr
 def test_a_row_trained_on_other_env_kwargs_says_so_in_its_section_and_when_collected(local_sweep, tmp_path, capsys):
     """--env-kwargs change what a row's returns measure (simple_spread's local_ratio: another reward); the section
     marks such a row and names its kwargs, and collect.py says it on the way in. A standard row gets neither."""
-    out = tmp_path / "results"
-    (out / "simple_spread_v3").mkdir(parents=True)
-    result = json.loads((RESULTS / "simple_spread_v3" / "mappo-continuous.json").read_text())
-    path = out / "simple_spread_v3" / "mappo-continuous.json"
-    path.write_text(json.dumps(result))
+    out, result, path = published_row(tmp_path, "simple_spread_v3", "mappo-continuous")
     assert "(env kwargs)" not in make_readme.generate(out).read_text()
     result["config"]["env_kwargs"] = '{"local_ratio": 0.0}'
     path.write_text(json.dumps(result))
