@@ -141,11 +141,55 @@ def number(v: float) -> str:
     return "—" if np.isnan(v) else f"{v:.2f}"
 
 
+def pair_cells(per_seed: dict[str, list[dict]]) -> dict[tuple[str, str], dict[str, float]]:
+    """{(team 1's script, team 2's script): {group: mean return over the seed pairs}} from a record's `per_seed`
+    ({} for a pair left out)."""
+    cells = {}
+    for pair, runs in per_seed.items():
+        a, b = pair.split(" vs ")
+        cells[a, b] = {g: float(np.mean([r[g] for r in runs])) for g in runs[0]} if runs else {}
+    return cells
+
+
+def team_means(cells: dict, team: list[str]) -> dict[tuple[str, str], float]:
+    """A team's return in each pair: the mean over its groups (NaN for a pair left out)."""
+    return {pair: float(np.mean([cell[g] for g in team])) if cell else np.nan for pair, cell in cells.items()}
+
+
+def summary(records: list[dict]) -> str:
+    """Across tasks, one row per task and team: each script's team return averaged over every opposing script (its
+    own included; the `mean` of its matrix in crossplay.md), its self-play cell in brackets, the best in bold."""
+    records = [r for r in records if r.get("algos") and r.get("per_seed")]
+    if not records:
+        return ""
+    algos = list(dict.fromkeys(a for r in records for a in r["algos"]))
+    lines = ["| task: team | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]
+    for record in records:
+        cells = pair_cells(record["per_seed"])
+        for k, team in enumerate(record["teams"]):
+            mean = team_means(cells, team)
+            scores = {}
+            for a in record["algos"]:
+                against = [mean[(a, b) if k == 0 else (b, a)] for b in record["algos"]]
+                scores[a] = (np.nanmean(against), mean[a, a]) if not np.isnan(against).all() else (np.nan, np.nan)
+            best = np.nanmax([s for s, _ in scores.values()])
+            shown = []
+            for a in algos:
+                if a not in scores:
+                    shown.append("—")
+                    continue
+                s, own = scores[a]
+                text = f"{number(s)} ({number(own)})"
+                shown.append(f"**{text}**" if s == best else text)
+            lines.append(f"| {record['env_id']}: {'+'.join(team)} | " + " | ".join(shown) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def tables(algos: list[str], teams: tuple[list[str], list[str]], cells: dict) -> str:
     """One markdown matrix per team (its mean return over its groups), rows team 1's script, columns team 2's."""
     out = []
     for k, team in enumerate(teams):
-        mean = {pair: np.mean([cell[g] for g in team]) if cell else np.nan for pair, cell in cells.items()}
+        mean = team_means(cells, team)
         title = f"**{'+'.join(team)}** (team {k + 1}) return: rows {'+'.join(teams[0])}'s script, columns " \
                 f"{'+'.join(teams[1])}'s script; higher is better for {'+'.join(team)}"  # fmt: skip
         lines = [title, "", "| | " + " | ".join(f"`{b}`" for b in algos) + " | mean |", "|---" * (len(algos) + 2) + "|"]
@@ -214,7 +258,7 @@ def main(argv=None) -> int:
                     return 2
                 runs.append(play(args.env_id, actors, mixed, args.episodes, args.backend))
             per_seed[f"{a} vs {b}"] = runs
-            cells[a, b] = {g: float(np.mean([r[g] for r in runs])) for g in runs[0]} if runs else {}
+            cells[a, b] = pair_cells({f"{a} vs {b}": runs})[a, b]
             if not runs:
                 continue
             shown = ", ".join(f"{g} {v:.2f}" for g, v in cells[a, b].items())

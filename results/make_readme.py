@@ -434,11 +434,11 @@ def plot_overview(algos: list[str], numbers: dict, path: Path) -> bool:
     return True
 
 
-def overview_table(by_env: dict[str, list[dict]], finals: dict, crossplay: bool = False, plot: str = "") -> list[str]:
+def overview_table(cells: tuple[list[str], dict, dict], crossplay: bool = False, plot: str = "") -> list[str]:
     """MPE tasks x algorithms at a glance: each script's final policy (mean ± std over seeds) and its budget, from
-    the matrix row (<algo>-3m) where there is one, else the script's own row. `plot`: the heatmap's path, shown
-    above the table."""
-    algos, pick, numbers = overview_cells(by_env, finals)
+    the matrix row (<algo>-3m) where there is one, else the script's own row; `cells`: overview_cells()'s. `plot`:
+    the heatmap's path, shown above the table."""
+    algos, pick, numbers = cells
     if not algos:
         return []
     lines = ["## MPE at a glance", "",
@@ -593,10 +593,15 @@ V1_NOTE = (
 
 
 def render(
-    out: Path, by_env: dict[str, list[dict]], references: list[dict], finals: dict | None = None, plot: bool = False
+    out: Path,
+    by_env: dict[str, list[dict]],
+    references: list[dict],
+    finals: dict | None = None,
+    plot: bool = False,
+    cells: tuple | None = None,
 ) -> str:
     """The whole README as a string; ``finals``: results/final_policies.json; ``plot``: the overview's heatmap was
-    drawn (shown above its table)."""
+    drawn (shown above its table); ``cells``: the overview's, if already computed (overview_cells())."""
     lines = [
         "# Results",
         "",
@@ -632,7 +637,8 @@ def render(
     if not envs:
         lines += ["No results yet.", ""]
     crossplays = sorted(Path(out).glob("*/crossplay.md"))
-    lines += overview_table(by_env, finals or {}, bool(crossplays), OVERVIEW_NAME if plot else "")
+    cells = cells or overview_cells(by_env, finals or {})
+    lines += overview_table(cells, bool(crossplays), OVERVIEW_NAME if plot else "")
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
@@ -648,8 +654,15 @@ def render(
             text = path.read_text().strip().replace("](tournament.png)", f"]({env_dir}/tournament.png)")
             lines += [f"From [{env_dir}/tournament.md]({env_dir}/tournament.md):", ""]
             lines += [demote_headings(text), ""]
-    if crossplays:  # results/crossplay.py: each page nested
+    if crossplays:  # results/crossplay.py: every task's teams at a glance, then each page nested
+        import crossplay
+
         lines += ["## Cross-play", ""]
+        if table := crossplay.summary([read_json(path.with_suffix(".json")) or {} for path in crossplays]):
+            lines += ["Each script's team against every script's opposing team (its own included), mean over those "
+                      "opponents, its self-play cell in brackets; higher is better for the team named, the best in "
+                      "bold; \"—\": not in that task's cross-play. The matrices of each task follow.", "",
+                      table]  # fmt: skip
         for path in crossplays:
             lines += [f"From [{path.parent.name}/crossplay.md]({path.parent.name}/crossplay.md):", ""]
             lines += [demote_headings(path.read_text().strip()), ""]
@@ -671,11 +684,11 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
         plot_curves(env_id, results, out / env_id / CURVES_NAME, references)
     readme = out / "README.md"
     finals = read_json(out / eval_final.OUTPUT_NAME) or {}
-    algos, _, numbers = overview_cells(by_env, finals)
-    plot = plot_overview(algos, numbers, out / OVERVIEW_NAME)
+    cells = overview_cells(by_env, finals)
+    plot = plot_overview(cells[0], cells[2], out / OVERVIEW_NAME)
     if not plot:
         (out / OVERVIEW_NAME).unlink(missing_ok=True)
-    readme.write_text(render(out, by_env, references, finals, plot))
+    readme.write_text(render(out, by_env, references, finals, plot, cells))
     return readme
 
 

@@ -295,3 +295,27 @@ def test_crossplay_leaves_out_a_discrete_team_whose_actions_have_no_continuous_t
     monkeypatch.setattr(crossplay, "continuous_twin", lambda n, d: None)  # as if mpe2 had no twin of them
     with pytest.raises(crossplay.Unmappable, match="'leadadversary' has 20 discrete actions but 9 continuous"):
         crossplay.team_actors(ckpt, env_id, team, specs, True)
+
+
+def test_crossplay_summary_averages_each_team_over_its_opponents_across_tasks():
+    """The README's cross-task table: a team's mean over its groups, averaged over every opposing script (its own
+    included) and the seed pairs; its self-play cell in brackets; the best of each row in bold; "—" for a script
+    not in a task's cross-play; a pair left out ({} cells) counts as missing, not as zero."""
+    two = {"env_id": "task_a", "algos": ["x", "y"], "teams": [["hunter"], ["prey", "bird"]], "per_seed": {
+        "x vs x": [{"hunter": 1.0, "prey": -1.0, "bird": -3.0}, {"hunter": 3.0, "prey": -3.0, "bird": -1.0}],
+        "x vs y": [{"hunter": 4.0, "prey": -4.0, "bird": 0.0}],
+        "y vs x": [],  # left out
+        "y vs y": [{"hunter": 0.0, "prey": 1.0, "bird": 1.0}],
+    }}  # fmt: skip
+    one = {"env_id": "task_b", "algos": ["y", "z"], "teams": [["a"], ["b"]], "per_seed": {
+        "y vs y": [{"a": 1.0, "b": 0.0}], "y vs z": [{"a": 3.0, "b": 0.0}],
+        "z vs y": [{"a": 5.0, "b": 0.0}], "z vs z": [{"a": 7.0, "b": -1.0}],
+    }}  # fmt: skip
+    rows = crossplay.summary([two, {"env_id": "empty", "per_seed": {}}, one]).splitlines()
+    assert rows[0] == "| task: team | `x` | `y` | `z` |"
+    # hunter x: (2 + 4) / 2; y: 0 (its pair with x left out); prey+bird of x: mean of (-2) and (y vs x: left out)
+    assert rows[2] == "| task_a: hunter | **3.00 (2.00)** | 0.00 (0.00) | — |"
+    assert rows[3] == "| task_a: prey+bird | -2.00 (-2.00) | **-0.50 (1.00)** | — |"
+    assert rows[4] == "| task_b: a | — | 2.00 (1.00) | **6.00 (7.00)** |"
+    assert rows[5] == "| task_b: b | — | **0.00 (0.00)** | -0.50 (-1.00) |"
+    assert crossplay.summary([{"env_id": "empty", "per_seed": {}}]) == ""
