@@ -258,9 +258,9 @@ def median_ms(fn, repeats: int, inner: int) -> float:
     return statistics.median(times)
 
 
-def measure(repeats: int, inner: int) -> dict:
+def measure(repeats: int, inner: int, rows: int = ROWS) -> dict:
     rng = np.random.default_rng(0)
-    params, data, acting = init_params(rng), batch(rng, ROWS), batch(rng, ACT_ROWS)[0]
+    params, data, acting = init_params(rng), batch(rng, rows), batch(rng, ACT_ROWS)[0]
     diff = max_grad_diff(params, data)
     actor, critic = torch_nets(params)
     opt = torch.optim.Adam([*actor.parameters(), *critic.parameters()], LR, betas=BETAS, eps=EPS, fused=True)
@@ -310,7 +310,7 @@ def measure(repeats: int, inner: int) -> dict:
         with torch.inference_mode():
             torch.log_softmax(actor(xa), -1), critic(xa)
 
-    products = [(ROWS, D_IN, HIDDEN), (ROWS, HIDDEN, HIDDEN), (ROWS, HIDDEN, N_ACTIONS), (ROWS, HIDDEN, 1)]
+    products = [(rows, D_IN, HIDDEN), (rows, HIDDEN, HIDDEN), (rows, HIDDEN, N_ACTIONS), (rows, HIDDEN, 1)]
     mats = [(torch.randn(r, k), torch.randn(k, c)) for r, k, c in products]
 
     def products_alone():  # 3 products per layer (forward, input and weight gradients) at the forward's shapes
@@ -337,42 +337,61 @@ def measure(repeats: int, inner: int) -> dict:
     return dict(max_grad_diff=diff, compile_s=compile_s, ms={name: statistics.median(t) for name, t in rows.items()})
 
 
+SHAPES = {  # name -> (rows of a minibatch, minibatch steps per update)
+    "JaxMARL's IPPO config": (ROWS, 16),  # 16 envs x 128 steps x 3 agents in 4 minibatches, 4 epochs
+    "our defaults' size": (9600, 10),  # 128 envs x 25 steps x 3 agents in 1 minibatch, 10 epochs
+}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--inner", type=int, default=50, help="steps per timing (acting: 10x as many)")
+    parser.add_argument("--inner", type=int, default=50, help="steps per timing at 1,536 rows (fewer for more rows; "
+                        "acting: 10x as many)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT / "fused_mlp")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     load = os.getloadavg()
-    result = measure(args.repeats, args.inner)
-    ms = result["ms"]
-    per_iteration = 16  # minibatch steps per update at JaxMARL's config (4 epochs x 4 minibatches)
+    results = {name: measure(args.repeats, max(5, args.inner * ROWS // rows), rows)
+               for name, (rows, _) in SHAPES.items()}  # fmt: skip
+    first = results[next(iter(SHAPES))]
     lines = [
         "# Hand-fused kernels for the PPO update: the measured ceiling of issue 22's option 2 (a prototype)",
         "",
         f"Measured {date.today()} on {_cpu()}, torch {torch.__version__}, one thread, load average "
         f"{', '.join(f'{x:.1f}' for x in load)} before. Regenerate: `python results/bench_fused_mlp.py` (what it "
-        f"times: its docstring). Median of {args.repeats} timings of {args.inner} steps each, the forms interleaved.",
+        f"times: its docstring). Median of {args.repeats} timings, the forms interleaved. One PPO minibatch step of "
+        "IPPO's two 64-wide networks on simple_spread_v3, at two minibatch sizes.",
         "",
         "The prototypes' gradients against autograd's on the same batch, largest difference: "
-        + ", ".join(f"{k} {v:.1e}" for k, v in result["max_grad_diff"].items())
-        + ".",
+        + ", ".join(f"{k} {v:.1e}" for k, v in first["max_grad_diff"].items())
+        + f". The loss's compilation (torch.compile of `ppo_loss`, its first call, forward and backward): "
+        f"{first['compile_s']:.1f} s (torch's on-disk cache may hold it from an earlier run).",
         "",
-        f"The loss's compilation (torch.compile of `ppo_loss`, first call, forward and backward): "
-        f"{result['compile_s']:.1f} s.",
-        "",
-        "| form | ms per call | / eager | per update at JaxMARL's config (16 steps; acting: 128 calls), ms |",
-        "|---|---:|---:|---:|",
     ]
-    for name, value in ms.items():
-        base = ms["eager torch acting" if "acting" in name else "eager torch step"]
-        count = 128 if "acting" in name else per_iteration
-        lines.append(f"| {name} | {value:.3f} | {value / base:.2f}x | {value * count:.1f} |")
+    head, rule = "| form |", "|---|"
+    for name, (rows, steps) in SHAPES.items():
+        head += f" {name}: {rows:,} rows, ms | / eager | / products | ms per update ({steps} steps) |"
+        rule += "---:|---:|---:|---:|"
+    lines += [head, rule]
+    for form in first["ms"]:
+        if "acting" in form:
+            continue
+        row = f"| {form} |"
+        for name, (_, steps) in SHAPES.items():
+            ms = results[name]["ms"]
+            value, eager, products = ms[form], ms["eager torch step"], ms["products alone (step)"]
+            row += f" {value:.3f} | {value / eager:.2f}x | {value / products:.2f}x | {value * steps:.1f} |"
+        lines.append(row)
+    eager, numba = first["ms"]["eager torch acting"], first["ms"]["Numba acting"]
+    lines += ["", f"Acting, one rollout step of {ACT_ROWS} rows (16 envs x 3 agents; both networks and the "
+              f"log-softmax, no sampling): eager torch {eager * 1e3:.0f} us, Numba {numba * 1e3:.0f} us "
+              f"({numba / eager:.2f}x); per rollout of 128 steps {eager * 128:.1f} ms against "
+              f"{numba * 128:.1f} ms."]  # fmt: skip
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(dict(result, load=load, cpu=_cpu()), indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(dict(results, load=load, cpu=_cpu()), indent=1) + "\n")
     print(text)
     return 0
 
