@@ -19,7 +19,8 @@ on every competitive task). A group with no such twin is left out of the pairs t
 saying why.
 
 Writes `<out>/crossplay.json` (every pair, the command, the commit) and `crossplay.md`: one matrix per team of its
-mean return (rows: team 1's script, columns: team 2's), and each script's mean over its opponents.
+mean return (rows: team 1's script, columns: team 2's), and each script's mean over its opponents. make_readme.py
+nests each crossplay.md in results/README.md under one table of every task's teams (`summary()`, from the JSONs).
 """
 
 from __future__ import annotations
