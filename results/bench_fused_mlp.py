@@ -248,14 +248,11 @@ def max_grad_diff(params, data) -> dict[str, float]:
     return {"Numba step": diff(by_hand), "Numba networks in autograd": diff(in_autograd)}
 
 
-def median_ms(fn, repeats: int, inner: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - start) / inner * 1e3)
-    return statistics.median(times)
+def ms_per_call(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e3
 
 
 def measure(repeats: int, inner: int, rows: int = ROWS) -> dict:
@@ -333,7 +330,7 @@ def measure(repeats: int, inner: int, rows: int = ROWS) -> dict:
     rows = {name: [] for name in forms}
     for _ in range(repeats):  # the forms interleaved
         for name, fn in forms.items():
-            rows[name].append(median_ms(fn, 1, inner * (10 if "acting" in name else 1)))
+            rows[name].append(ms_per_call(fn, inner * (10 if "acting" in name else 1)))
     return dict(max_grad_diff=diff, compile_s=compile_s, ms={name: statistics.median(t) for name, t in rows.items()})
 
 

@@ -142,14 +142,14 @@ def number(v: float) -> str:
     return "—" if np.isnan(v) else f"{v:.2f}"
 
 
+def seed_mean(runs: list[dict]) -> dict[str, float]:
+    """{group: mean return over the seed pairs} of one pair's runs ({} for a pair left out)."""
+    return {g: float(np.mean([r[g] for r in runs])) for g in runs[0]} if runs else {}
+
+
 def pair_cells(per_seed: dict[str, list[dict]]) -> dict[tuple[str, str], dict[str, float]]:
-    """{(team 1's script, team 2's script): {group: mean return over the seed pairs}} from a record's `per_seed`
-    ({} for a pair left out)."""
-    cells = {}
-    for pair, runs in per_seed.items():
-        a, b = pair.split(" vs ")
-        cells[a, b] = {g: float(np.mean([r[g] for r in runs])) for g in runs[0]} if runs else {}
-    return cells
+    """{(team 1's script, team 2's script): seed_mean} from a record's `per_seed`."""
+    return {tuple(pair.split(" vs ")): seed_mean(runs) for pair, runs in per_seed.items()}
 
 
 def team_means(cells: dict, team: list[str]) -> dict[tuple[str, str], float]:
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
                     return 2
                 runs.append(play(args.env_id, actors, mixed, args.episodes, args.backend))
             per_seed[f"{a} vs {b}"] = runs
-            cells[a, b] = pair_cells({f"{a} vs {b}": runs})[a, b]
+            cells[a, b] = seed_mean(runs)
             if not runs:
                 continue
             shown = ", ".join(f"{g} {v:.2f}" for g, v in cells[a, b].items())
