@@ -22,10 +22,12 @@ from runtime import (
     cli,
     clip_grad_norm,
     evaluate_checkpoint,
+    fast_acting,
     feature_norm,
     gru_sequence,
     make_env,
     make_eval_env,
+    mlp_forward,
     setup,
 )
 
@@ -166,6 +168,8 @@ class Policy(nn.Module):
         return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1)
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
+        if hx is None and fast_acting(obs, self.actor):  # acting: the same pass in one compiled call (runtime/mlp.py)
+            return mlp_forward(self.actor, obs.flatten(2), self.obs_norm, self.with_id), None
         return self.actor(self.inputs(obs), hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
@@ -174,6 +178,8 @@ class Policy(nn.Module):
         return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, obs, hx=None, keep=None):  # (B, A, *obs_shape) -> normalized V (B, A), next hidden
+        if hx is None and fast_acting(obs, self.critic):  # acting: as actor_out
+            return mlp_forward(self.critic, obs.flatten(2), self.obs_norm, self.with_id).squeeze(-1), None
         v, hx = self.critic(self.inputs(obs), hx, keep)
         return v.squeeze(-1), hx
 

@@ -22,10 +22,12 @@ from runtime import (
     cli,
     clip_grad_norm,
     evaluate_checkpoint,
+    fast_acting,
     feature_norm,
     gru_sequence,
     make_env,
     make_eval_env,
+    mlp_forward,
     setup,
 )
 
@@ -168,6 +170,8 @@ class Policy(nn.Module):
         return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1)
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
+        if hx is None and fast_acting(obs, self.actor):  # acting: the same pass in one compiled call (runtime/mlp.py)
+            return mlp_forward(self.actor, obs.flatten(2), self.obs_norm, self.with_id), None
         return self.actor(self._with_id(self.obs_norm(obs.flatten(2))), hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
@@ -176,6 +180,9 @@ class Policy(nn.Module):
         return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, state, hx=None, keep=None):  # (B, *S) -> normalized V per agent (B, A), next hidden
+        if hx is None and fast_acting(state, self.critic):  # acting: as actor_out, every agent seeing the state
+            x = state.flatten(1).unsqueeze(1)
+            return mlp_forward(self.critic, x, self.state_norm, self.with_id, self.spec.n_agents).squeeze(-1), None
         s = self.state_norm(state.flatten(1))  # every agent sees it (with its id: one first layer, not A)
         if self.with_id:
             v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx, keep)

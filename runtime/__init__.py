@@ -24,12 +24,21 @@
 Modules: `args` (the shared flags, env construction, and freed memory kept for reuse), `checks` (argument checks),
 `checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the guarded optimizer step with
 per-agent clipping, soft targets), `categorical` (the policy-gradient scripts' categorical distribution, at a fraction
-of torch's cost on a few actions), `gru` (a GRU over a whole sequence in one call), `norm` (running mean/std of value
-targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer, signals),
-`opponents` (groups frozen to random, to any script's checkpoint, or to self-play: every script's `actor(ckpt, group,
-...)`).
+of torch's cost on a few actions), `gru` (a GRU over a whole sequence in one call), `mlp` (the acting pass of a
+feed-forward network in one call), `norm` (running mean/std of value targets and inputs, and the --feature-norm flag),
+`evaluation` (protocol v2), `run` (run dir, lock, writer, signals), `opponents` (groups frozen to random, to any
+script's checkpoint, or to self-play: every script's `actor(ckpt, group, ...)`).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
+
+import os
+
+# The compiled kernels' products (runtime/gru.py, runtime/mlp.py) go to the BLAS that Numba binds (SciPy's OpenBLAS,
+# loaded when they first run). Its threads do not pay at these sizes (a product of 12-400 rows): on this project's
+# 2-core machine a second thread, or the count lowered at run time (threadpoolctl, which leaves the spare threads
+# spinning), made each product several times slower. OpenBLAS reads the count once, when it loads:
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 from runtime.args import (
     MultiAgentArgs,
@@ -48,6 +57,7 @@ from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_c
 from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.gru import gru_sequence
+from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
 from runtime.optim import adam, clip_grad_norm, optimize, soft_update
 from runtime.run import Run, RunStopped
@@ -78,10 +88,12 @@ __all__ = [
     "keep_freed_memory",
     "evaluate",
     "evaluate_checkpoint",
+    "fast_acting",
     "feature_norm",
     "gru_sequence",
     "load_checkpoint",
     "make_env",
+    "mlp_forward",
     "make_eval_env",
     "optimize",
     "periodic_seed",

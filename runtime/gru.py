@@ -15,18 +15,11 @@ h W_hh + b_hh): the tests hold the kernels to it, forward and gradients. Tensors
 (--cuda) take that loop, with a one-line notice.
 """
 
-import os
 import warnings
 
-# The kernels' products go to the BLAS that Numba binds (SciPy's OpenBLAS, loaded when they first run). Its threads
-# do not pay at these sizes (a product of 12-400 rows per step): on this project's 2-core machine a second thread,
-# or the count lowered at run time (threadpoolctl, which leaves the spare threads spinning), made each product
-# several times slower. OpenBLAS reads the count once, when it loads:
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numba
+import numpy as np
+import torch
 
 
 def gru_sequence(gx, h0, w_hh, b_hh, keep):
