@@ -163,9 +163,7 @@ class Policy(nn.Module):
         self.obs_norm.update(rb["obs"], alive=rb["agent_mask"])
 
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
-        if not self.with_id:
-            return x
-        return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1)
+        return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1) if self.with_id else x
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
         if hx is None and fast_acting(obs, self.actor):  # acting: the same pass in one compiled call (runtime/mlp.py)

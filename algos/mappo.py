@@ -165,9 +165,7 @@ class Policy(nn.Module):
         self.state_norm.update(rb["state"])
 
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
-        if not self.with_id:
-            return x
-        return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1)
+        return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1) if self.with_id else x
 
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
         if hx is None and fast_acting(obs, self.actor):  # acting: the same pass in one compiled call (runtime/mlp.py)
@@ -180,10 +178,10 @@ class Policy(nn.Module):
         return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, state, hx=None, keep=None):  # (B, *S) -> normalized V per agent (B, A), next hidden
-        if hx is None and fast_acting(state, self.critic):  # acting: as actor_out, every agent seeing the state
-            x = state.flatten(1).unsqueeze(1)
-            return mlp_forward(self.critic, x, self.state_norm, self.with_id, self.spec.n_agents).squeeze(-1), None
-        s = self.state_norm(state.flatten(1))  # every agent sees it (with its id: one first layer, not A)
+        s = state.flatten(1)
+        if hx is None and fast_acting(s, self.critic):  # acting: as actor_out, every agent seeing the state
+            return mlp_forward(self.critic, s, self.state_norm, self.with_id, self.spec.n_agents).squeeze(-1), None
+        s = self.state_norm(s)  # every agent sees it (with its id: one first layer, not A)
         if self.with_id:
             v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx, keep)
         else:

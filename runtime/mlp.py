@@ -39,10 +39,9 @@ def fast_acting(x: torch.Tensor, net: nn.Module) -> bool:
 def mlp_forward(net: nn.Module, x: torch.Tensor, norm=None, with_id=False, n_agents=None) -> torch.Tensor:
     """`net` on x (B, A, d) normalized by `norm` (an InputNorm, or None) with a one-hot agent id appended if `with_id`.
 
-    x may hold one row per env for all agents (B, 1, d): every agent sees it (a centralized critic's state); then
-    `n_agents` says how many agents there are.
+    x may be one row per env, (B, d): every one of `n_agents` agents sees it (a centralized critic's state).
     """
-    x = np.ascontiguousarray(x.numpy())
+    x = np.ascontiguousarray((x[:, None] if x.dim() == 2 else x).numpy())
     on = norm is not None and norm.on
     mean, var = (norm.mean.numpy(), norm.var.numpy()) if on else (np.zeros(0, np.float32), np.zeros(0, np.float32))
     out = _forward(x, n_agents or x.shape[1], on, mean, var, with_id, *_layer_views(net))
