@@ -15,6 +15,12 @@ And the acting forward of a rollout step (48 rows: 16 envs x 3 agents), both net
 against Numba. Before timing, the prototype's gradients are checked against autograd's on the same batch (the
 largest difference is reported), and both sides then take the same Adam steps, so they time the same work.
 
+Then the middle road (option (a) of the issue's notes: the networks as one compiled op, the loss as the script
+reads it under torch.compile) on ippo.py's own `update()` at both configs, as it runs with every option of the
+script (value normalization and clipping, Huber loss, masks, gradient clipping, minibatch sampling): eager, with its
+networks swapped for the prototype's NumbaMLP op, with its loss (`script_loss`, the update's lines gathered in one
+function; a test holds it to the script's) compiled, and both.
+
 What it says: the ceiling of option 2 (a second implementation of the networks, tested against torch), as time per
 minibatch step and per acting call, beside the products alone. It is not a training path: the scripts keep torch.
 """
@@ -27,6 +33,7 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from datetime import date  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -334,6 +341,113 @@ def measure(repeats: int, inner: int, rows: int = ROWS) -> dict:
     return dict(max_grad_diff=diff, compile_s=compile_s, ms={name: statistics.median(t) for name, t in rows.items()})
 
 
+# --- the middle road on the script's own update: ippo.py's update() as it runs, its pieces swapped ---
+
+
+def script_loss(m, pol, out, new_v, mb, norm, args):
+    """ippo.py's loss, its update's lines unchanged but gathered in one function so torch.compile can take it."""
+    mask = mb["agent_mask"]
+    d = pol.dist(out, mb.get("avail_actions"))
+    logprob, entropy = pol.log_prob(d, mb["actions"]), pol.entropy(d)
+    logratio = logprob - mb["logprobs"]
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = m.masked_mean(mask, (ratio - 1) - logratio)
+        clipfrac = m.masked_mean(mask, ((ratio - 1.0).abs() > args.clip_coef).float())
+    adv = mb["advantages"]
+    if args.norm_adv:
+        mean = m.masked_mean(mask, adv)
+        adv = (adv - mean) / (m.masked_mean(mask, (adv - mean) ** 2).sqrt() + 1e-8)
+    clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = m.masked_mean(mask, torch.max(-adv * ratio, -adv * clipped_ratio))
+    target, old_v = norm(mb["returns"]), norm(mb["values"])
+    err = (target - new_v).abs()
+    if args.clip_vloss:
+        err = torch.max(err, (target - old_v - (new_v - old_v).clamp(-args.clip_coef, args.clip_coef)).abs())
+    h = args.huber_delta
+    v_loss = m.masked_mean(mask, torch.where(err < h, 0.5 * err**2, h * (err - 0.5 * h)) if h > 0 else 0.5 * err**2)
+    ent = m.masked_mean(mask, entropy)
+    return pg_loss - args.ent_coef * ent + args.vf_coef * v_loss, pg_loss, v_loss, ent, approx_kl, clipfrac
+
+
+def script_update(m, pol, opt, rb, args, rng, loss_fn):
+    """ippo.py's update() (feed-forward) with its loss from `loss_fn`; returns its policy and value losses."""
+    norm = pol.value_norm.normalize if args.value_norm else (lambda x: x)
+    for _ in range(args.update_epochs):
+        for mb in rb.minibatches(args.num_minibatches, rng):
+            mb = m.to_torch(mb, "cpu")
+            out, new_v = m.forward_batch(pol, mb, args)
+            loss, pg_loss, v_loss, _, _, clipfrac = loss_fn(m, pol, out, new_v, mb, norm, args)
+            clipfrac.item()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(loss.item())
+            opt.zero_grad()
+            loss.backward()
+            m.clip_grad_norm(pol.actor.parameters(), args.max_grad_norm)
+            m.clip_grad_norm(pol.critic.parameters(), args.max_grad_norm)
+            opt.step()
+    return pg_loss.item(), v_loss.item()
+
+
+def numba_net_forward(net, x, hx=None, keep=None):
+    """A shared `Net`'s forward as one NumbaMLP op (inputs already normalized, ids appended), in place of its own."""
+    w = [t for layer in (net.fc, net.mid, net.head) for t in (layer.weight[0], layer.bias[0, 0])]
+    return NumbaMLP.apply(x.reshape(-1, x.shape[-1]), *w).view(*x.shape[:-1], -1), None
+
+
+def script_losses(m, pol, opt, rb, args) -> list[tuple[float, float]]:
+    """The policy and value losses of one update from the same weights, by ippo.py's update() and by script_update
+    with `script_loss`: equal while script_loss is the script's loss (checked before timing, and by a test)."""
+    start, losses = {k: v.clone() for k, v in pol.state_dict().items()}, []
+    for fn in (lambda: m.update(pol, opt, rb, args, "cpu", np.random.default_rng(5)),
+               lambda: script_update(m, pol, opt, rb, args, np.random.default_rng(5), script_loss)):  # fmt: skip
+        pol.load_state_dict(start)
+        opt.state.clear()
+        r = fn()
+        losses.append((r["policy_loss"], r["value_loss"]) if isinstance(r, dict) else r)
+    return losses
+
+
+def measure_script_update(repeats: int, **flags) -> dict:
+    """ippo.py's update, eager and with the middle road's pieces, on one filled rollout; the forms interleaved."""
+    from bench_update import filled_rollout, load_script  # noqa: PLC0415
+
+    m = load_script("ippo")
+    sys.modules.setdefault(m.__name__, m)  # torch.compile imports the module of the functions it traces
+    plain = m.Net.forward
+    args, pol, opt, rb, rng = filled_rollout("ippo", m, **flags)
+    losses = script_losses(m, pol, opt, rb, args)
+    assert np.allclose(*losses, rtol=1e-5), f"script_loss differs from ippo.py's loss: {losses}"
+    compiled = torch.compile(script_loss, dynamic=False)
+    t0 = time.perf_counter()
+    script_update(m, pol, opt, rb, args, rng, compiled)
+    compile_s = time.perf_counter() - t0
+
+    def with_net(forward, fn):
+        def run():
+            m.Net.forward = forward
+            try:
+                fn()
+            finally:
+                m.Net.forward = plain
+
+        return run
+
+    update = lambda: m.update(pol, opt, rb, args, "cpu", rng)  # noqa: E731
+    compiled_update = lambda: script_update(m, pol, opt, rb, args, rng, compiled)  # noqa: E731
+    forms = {"ippo.py's update, eager": update,
+             "its networks as one Numba op each": with_net(numba_net_forward, update),
+             "its loss torch.compile'd": compiled_update,
+             "both": with_net(numba_net_forward, compiled_update)}  # fmt: skip
+    for fn in forms.values():
+        fn()
+    times = {name: [] for name in forms}
+    for _ in range(repeats):
+        for name, fn in forms.items():
+            times[name].append(ms_per_call(fn, 1))
+    return dict(compile_s=compile_s, ms={name: statistics.median(t) for name, t in times.items()})
+
+
 SHAPES = {  # name -> (rows of a minibatch, minibatch steps per update)
     "JaxMARL's IPPO config": (ROWS, 16),  # 16 envs x 128 steps x 3 agents in 4 minibatches, 4 epochs
     "our defaults' size": (9600, 10),  # 128 envs x 25 steps x 3 agents in 1 minibatch, 10 epochs
@@ -352,6 +466,10 @@ def main(argv=None) -> int:
     results = {name: measure(args.repeats, max(5, args.inner * ROWS // rows), rows)
                for name, (rows, _) in SHAPES.items()}  # fmt: skip
     first = results[next(iter(SHAPES))]
+    from bench_update import MATCHED  # noqa: PLC0415
+
+    real = {"JaxMARL's IPPO config": measure_script_update(args.repeats, **MATCHED),
+            "our defaults": measure_script_update(args.repeats)}  # fmt: skip
     lines = [
         "# Hand-fused kernels for the PPO update: the measured ceiling of issue 22's option 2 (a prototype)",
         "",
@@ -385,6 +503,21 @@ def main(argv=None) -> int:
               f"log-softmax, no sampling): eager torch {eager * 1e3:.0f} us, Numba {numba * 1e3:.0f} us "
               f"({numba / eager:.2f}x); per rollout of 128 steps {eager * 128:.1f} ms against "
               f"{numba * 128:.1f} ms."]  # fmt: skip
+    lines += ["", "## The middle road on the script's own update", "",
+              "ippo.py's `update()` as it runs (one filled rollout of simple_spread_v3 on the Numba MPE, the script's "
+              "optimizer, every option at its value), timed whole, with the prototype's pieces swapped in: its "
+              "networks' forward as one NumbaMLP op each (the prototype's kernels; inputs normalized and ids appended "
+              "by the script as before), its loss (the update's lines gathered in one function, `script_loss`, checked "
+              "to give the script's losses) under torch.compile, and both. Median of "
+              f"{args.repeats} updates, the forms interleaved.", "",
+              "| form | " + " | ".join(f"{name}: ms | / eager" for name in real) + " |",
+              "|---|" + "---:|---:|" * len(real)]  # fmt: skip
+    for form in next(iter(real.values()))["ms"]:
+        cells = [(r["ms"][form], r["ms"][form] / r["ms"]["ippo.py's update, eager"]) for r in real.values()]
+        lines.append(f"| {form} | " + " | ".join(f"{ms:.1f} | {ratio:.2f}x" for ms, ratio in cells) + " |")
+    lines += ["", "The loss's compilation, first update: " + ", ".join(
+        f"{name} {r['compile_s']:.1f} s" for name, r in real.items()) + "."]  # fmt: skip
+    results["script_update"] = real
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
@@ -44,3 +45,15 @@ def test_the_hand_written_adam_step_matches_torchs():
     theirs = [q.detach().numpy() for net in (actor, critic) for q in net.parameters()]
     np.testing.assert_allclose(np.concatenate([o.ravel() for o in ours]),
                                np.concatenate([t.ravel() for t in theirs]), atol=1e-6)  # fmt: skip
+
+
+def test_the_bench_loss_is_ippos_loss():
+    """The middle road's timing of ippo.py's own update swaps in `script_loss`, the update's lines gathered in one
+    function: one update with it gives the script's losses (fails when either side's loss changes alone)."""
+    from bench_update import filled_rollout, load_script
+
+    m = load_script("ippo")
+    args, pol, opt, rb, _ = filled_rollout("ippo", m, num_envs=4, num_steps=8, update_epochs=2, num_minibatches=2)
+    (policy, value), (policy2, value2) = fused.script_losses(m, pol, opt, rb, args)
+    assert policy2 == pytest.approx(policy, rel=1e-5) and value2 == pytest.approx(value, rel=1e-5)
+    assert value > 0
