@@ -9,10 +9,12 @@ import os
 import platform
 import random
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Annotated
 
 import gymnasium as gym
+import numba
 import numpy as np
 import torch
 import tyro
@@ -187,8 +189,12 @@ def keep_freed_memory() -> bool:
 
 def setup(args):
     """Threads, seeds and device, in the order every script uses: returns (device, numpy Generator). (check_args
-    has refused --cuda without a device.) Also keeps freed memory for reuse (`keep_freed_memory`)."""
+    has refused --cuda without a device.) Also keeps freed memory for reuse (`keep_freed_memory`), and says so in
+    one line where Numba's compilation is off."""
     keep_freed_memory()
+    if numba.config.DISABLE_JIT:  # every @njit function then runs as the plain Python it reads as
+        warnings.warn("NUMBA_DISABLE_JIT is set: the compiled kernels (Numba MPE, GAE, the GRU, acting) run as plain "
+                      "Python, with the same results, many times slower; unset it for speed", stacklevel=2)  # fmt: skip
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     random.seed(args.seed)

@@ -194,6 +194,20 @@ def test_corrupt_or_foreign_checkpoint_is_refused(tmp_path):  # every case of ru
     assert proc.returncode == 2 and "do not match" in proc.stderr
 
 
+def test_without_numbas_compilation_a_run_says_so_once_and_learns_alike(tmp_path, monkeypatch):
+    """NUMBA_DISABLE_JIT: every kernel (GAE, runtime/mlp.py's acting pass, ...) runs as plain Python: one line says
+    so, and the run's losses are those of the compiled run (float rounding apart)."""
+    flags = ("--total-timesteps", 200, "--eval-interval", 0, "--seed", 3)
+    compiled = run("ippo", *flags, "--run-dir", tmp_path / "jit")
+    monkeypatch.setenv("NUMBA_DISABLE_JIT", "1")
+    plain = run("ippo", *flags, "--run-dir", tmp_path / "plain")
+    notice = "NUMBA_DISABLE_JIT is set: the compiled kernels"
+    assert plain.stderr.count(notice) == 1 and notice not in compiled.stderr
+    for tag in ("losses/policy_loss", "losses/value_loss", "losses/entropy"):
+        got, want = scalars(tmp_path / "plain", tag), scalars(tmp_path / "jit", tag)
+        assert len(got) == len(want) == 4 and np.allclose(got, want, rtol=1e-4, atol=1e-6), (tag, got, want)
+
+
 def test_numba_backend_trains(tmp_path):
     run("mappo", "--total-timesteps", 100, "--eval-interval", 0, "--run-dir", tmp_path, "--backend", "numba")
     assert "MPEVecEnv" in (tmp_path / "config.json").read_text()
