@@ -18,6 +18,10 @@ mpe2 turns into the same force and message as the discrete action (tests/test_op
 on every competitive task). A group with no such twin is left out of the pairs that need it ("—"), with a line
 saying why.
 
+A pair whose checkpoints are unchanged since the last `<out>/crossplay.json` (same settings; each checkpoint's
+sha256 is recorded) keeps its returns there, and the commit that played it (`pair_commits`): a script joining the
+cross-play plays only its own pairs. `--fresh` plays every pair.
+
 Writes `<out>/crossplay.json` (every pair, the command, the commit) and `crossplay.md`: one matrix per team of its
 mean return (rows: team 1's script, columns: team 2's), and each script's mean over its opponents. make_readme.py
 nests each crossplay.md in results/README.md under one table of every task's teams (`summary()`, from the JSONs).
@@ -26,6 +30,7 @@ nests each crossplay.md in results/README.md under one table of every task's tea
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import sys
@@ -138,6 +143,26 @@ def check_diagonal(rows: Path, label: str, cell: dict, seeds: list[int]) -> str 
     return f"`{label}` against itself is within {gap:.2g} of its row's per-group final policies ({label}.json)"
 
 
+def digest(path: Path) -> str:
+    """A checkpoint's bytes, in 16 hex digits: a pair is played again only where one of its checkpoints changed."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def earlier_pairs(path: Path, settings: dict, digests: dict[str, str]) -> dict[str, tuple[list, str]]:
+    """The pairs of an earlier crossplay.json made with the same settings whose checkpoints are all unchanged:
+    pair -> (its per-seed returns, the commit that played it). Nothing from a record without digests."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if any(old.get(k) != v for k, v in settings.items()) or "digests" not in old:
+        return {}
+    same = lambda a: all(old["digests"].get(k) == v for k, v in digests.items() if k.startswith(f"{a}/"))  # noqa: E731
+    commits = old.get("pair_commits", {})
+    return {pair: (runs, commits.get(pair, old["commit"])) for pair, runs in old["per_seed"].items()
+            if runs and all(same(a) for a in pair.split(" vs "))}  # fmt: skip
+
+
 def number(v: float) -> str:
     return "—" if np.isnan(v) else f"{v:.2f}"
 
@@ -218,6 +243,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--runs", type=Path, default=RESULTS_DIR / "runs", help="run directories' root")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default results/<env>/)")
+    parser.add_argument("--fresh", action="store_true", help="play every pair, also those whose checkpoints did not "
+                        "change since the last crossplay.json (reused by default)")  # fmt: skip
     args = parser.parse_args(argv)
     algos = [a for a in args.algos.split(",") if a]
     label = (lambda a: f"{a}-{args.variant}") if args.variant else (lambda a: a)
@@ -241,12 +268,16 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = args.out or RESULTS_DIR / args.env_id
-    start, cells, per_seed, left_out = time.time(), {}, {}, []
+    settings = dict(env_id=args.env_id, seeds=seeds, teams=[list(t) for t in teams], episodes=args.episodes,
+                    backend=args.backend)  # fmt: skip
+    digests = {f"{a}/seed{s}": digest(p) for (a, s), p in paths.items()}
+    earlier = {} if args.fresh else earlier_pairs(out / "crossplay.json", settings, digests)
+    start, cells, per_seed, left_out, commit, pair_commits = time.time(), {}, {}, [], git_commit(), {}
     for a in algos:
         for b in algos:
             mixed = continuous[a] or continuous[b]
-            runs = []
-            for s in seeds:
+            runs, pair_commits[f"{a} vs {b}"] = earlier.get(f"{a} vs {b}", ([], commit))
+            for s in seeds if not runs else []:  # a pair of unchanged checkpoints keeps its returns
                 try:
                     actors = team_actors(paths[a, s], args.env_id, teams[0], specs, mixed)
                     actors |= team_actors(paths[b, s], args.env_id, teams[1], specs, mixed)
@@ -269,9 +300,9 @@ def main(argv=None) -> int:
     checks = [c + ("" if same else " (other episodes: sampling noise)") for a in algos
               if (c := check_diagonal(rows, label(a), cells[a, a], seeds))]  # fmt: skip
     command = "python results/crossplay.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    record = dict(env_id=args.env_id, commit=git_commit(), command=command, algos=algos, variant=args.variant,
-                  seeds=seeds, teams=teams, episodes=args.episodes, continuous=continuous,
-                  seconds=round(time.time() - start, 1), per_seed=per_seed, left_out=left_out)  # fmt: skip
+    record = dict(settings, commit=commit, command=command, algos=algos, variant=args.variant, continuous=continuous,
+                  seconds=round(time.time() - start, 1), per_seed=per_seed, left_out=left_out, digests=digests,
+                  pair_commits=pair_commits)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossplay.json").write_text(json.dumps(record) + "\n")
     report = tables(algos, teams, cells)
@@ -279,9 +310,15 @@ def main(argv=None) -> int:
     text = (f"# Cross-play on {args.env_id}\n\nCommand: `{command}` (commit {record['commit']}). Seeds {seeds} paired "
             f"s with s, {args.episodes} final episodes each, env backend {args.backend}; action spaces: {space} (a "
             f"mixed pair plays in the continuous env).\n\n{report}\n")  # fmt: skip
-    text += "".join(f"* {c}\n" for c in checks + left_out)
+    notes, kept = checks + left_out, [c[:7] for pair, c in pair_commits.items() if c != commit and per_seed[pair]]
+    if kept:
+        notes.append(
+            f"{len(kept)} of {len(pair_commits)} pairs kept from the runs of commit(s) "
+            f"{', '.join(sorted(set(kept)))}: their checkpoints are unchanged (`--fresh` plays them again)"
+        )
+    text += "".join(f"* {c}\n" for c in notes)
     (out / "crossplay.md").write_text(text)
-    print(report + "".join(f"{c}\n" for c in checks + left_out))
+    print(report + "".join(f"{c}\n" for c in notes))
     return 0
 
 

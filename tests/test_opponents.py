@@ -267,7 +267,7 @@ def test_a_discrete_actions_continuous_twin_moves_the_continuous_env_exactly_ali
     discrete.close(), continuous.close()
 
 
-def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_path, capsys):
+def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_path, capsys, monkeypatch):
     runs = tmp_path / "runs" / "simple_adversary_v3"
     for algo in ("mappo", "maddpg"):  # discrete and continuous (their defaults)
         run_inline(NoCapture(), algo, *TINY[algo], *EVAL, *ADVERSARY, "--run-dir", runs / f"{algo}-3m" / "seed0")
@@ -278,6 +278,19 @@ def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_
     assert record["continuous"] == {"mappo": False, "maddpg": True} and record["teams"] == [["adversary"], ["agent"]]
     assert all(set(r[0]) == {"adversary", "agent"} for r in record["per_seed"].values())
     assert "**adversary** (team 1) return" in (tmp_path / "out" / "crossplay.md").read_text()
+    # a second run keeps the pairs whose checkpoints did not change, and plays the others (all with --fresh)
+    played, play, digest = [], crossplay.play, crossplay.digest
+    monkeypatch.setattr(crossplay, "play", lambda *a: played.append(1) or play(*a))
+    monkeypatch.setattr(crossplay, "git_commit", lambda: "f" * 40)  # a later commit
+    monkeypatch.setattr(crossplay, "digest", lambda p: "retrained" if "maddpg" in str(p) else digest(p))
+    again = ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    assert crossplay.main([*argv, *again]) == 0 and len(played) == 3  # every pair but mappo vs mappo
+    kept = json.loads((tmp_path / "out" / "crossplay.json").read_text())
+    assert kept["per_seed"]["mappo vs mappo"] == record["per_seed"]["mappo vs mappo"]
+    assert kept["pair_commits"]["mappo vs mappo"] == record["commit"] != kept["commit"]
+    assert "1 of 4 pairs kept from the runs of commit(s) " in (tmp_path / "out" / "crossplay.md").read_text()
+    assert crossplay.main([*argv, *again]) == 0 and len(played) == 3  # nothing changed since: nothing played
+    assert crossplay.main([*argv, *again, "--fresh"]) == 0 and len(played) == 7
     # clear errors: a team split that misses a group, a missing checkpoint
     assert crossplay.main([*argv, "--runs", str(tmp_path / "runs"), "--teams", "adversary/"]) == 2
     assert "give every group of the env ['adversary', 'agent'] once" in capsys.readouterr().err
