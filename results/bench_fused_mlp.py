@@ -43,6 +43,8 @@ import torch  # noqa: E402
 from bench_train import _cpu  # noqa: E402
 from numba import njit  # noqa: E402
 
+from runtime.mlp import _dense  # noqa: E402  x @ w + b, ReLU'd in the same pass: the acting pass's layer
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
 D_IN, HIDDEN, N_ACTIONS, ROWS, ACT_ROWS = 21, 64, 5, 1536, 48
@@ -98,20 +100,10 @@ def ppo_loss(logits, value, a, old_logp, adv, ret):
 
 
 @njit(cache=True)
-def _dense_relu(x, w, b, relu):  # x @ w + b, ReLU'd in the same pass over the output
-    z = np.dot(x, w)
-    for i in range(z.shape[0]):
-        for j in range(z.shape[1]):
-            v = z[i, j] + b[j]
-            z[i, j] = v if (v > 0.0 or not relu) else 0.0
-    return z
-
-
-@njit(cache=True)
 def _forward(x, w1, b1, w2, b2, w3, b3):
-    h1 = _dense_relu(x, w1, b1, True)
-    h2 = _dense_relu(h1, w2, b2, True)
-    return h1, h2, _dense_relu(h2, w3, b3, False)
+    h1 = _dense(x, w1, b1, True)
+    h2 = _dense(h1, w2, b2, True)
+    return h1, h2, _dense(h2, w3, b3, False)
 
 
 @njit(cache=True)
