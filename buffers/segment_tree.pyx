@@ -165,6 +165,8 @@ cdef class _SegmentTree:
         cdef Py_ssize_t stop = self.capacity if end is None else end
         if not 0 <= start <= stop <= self.capacity:
             raise ValueError(f"range [{start}, {stop}) is not within [0, {self.capacity}]")
+        if start == 0 and stop == self.capacity:  # the root: the very total find_prefixsum bounds its queries by (the
+            return self.tree[self.offsets[self.depth]]  # ragged sum below can differ from it in the last bit)
         cdef double acc = self.neutral, v
         cdef Py_ssize_t lo = start, hi = stop, d = 0
         cdef double[::1] tree = self.tree

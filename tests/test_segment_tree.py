@@ -128,3 +128,21 @@ def test_invalid_update_leaves_tree_unchanged():
 def test_sampling_an_empty_tree_says_so():
     with pytest.raises(ValueError, match="total priority is 0"):
         SumTree(8).sample_stratified(4, np.random.default_rng(0))
+
+
+def test_the_whole_sum_is_the_root_that_bounds_prefix_queries():
+    """sum() is the very total find_prefixsum checks its queries against (the root), so u * sum() with u < 1 is
+    always a valid query. Summed leaf by leaf in another order it can be one bit larger: a PER batch drawn from it
+    raised here (the case hypothesis found, capacity 25)."""
+    s = SumTree(25)
+    for idx, vals in [
+        ([0, 24, 0, 16, 18], [0.0, 11.098038938332394, 0.0, 100.0, 99.49555689907284]),
+        ([8], [12.341172004753135]),
+        ([1], [16.47832458128965]),
+        ([17, 9], [46.0, 3.9754069995480634]),
+    ]:
+        s.update(np.array(idx), np.array(vals))
+    total = s.sum()
+    assert total == pytest.approx(s.sum(0, 24) + s.sum(24, 25), rel=1e-12)
+    for u in (0.9999999999999999, 1.0):
+        assert s.find_prefixsum(np.array([u * total])).tolist() == [24]
