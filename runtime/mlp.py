@@ -6,7 +6,7 @@
 Acting asks a network for a few dozen rows per step (16 envs x 3 agents at JaxMARL's config), and at that size torch's
 cost is its dispatch: the input normalization, the agent-id one-hots, three products and their ReLUs are a dozen ops
 of a few microseconds each, per network, per step. Here the same pass is one Numba call: the inputs normalized and
-clipped as InputNorm does, the one-hot id written in place, each layer one BLAS product with its bias and ReLU in one
+clipped as InputNorm does, the one-hot id added as a weight row, each layer one BLAS product, bias and ReLU in one
 pass over the output (results/speed/rollout.md times the rollout with it).
 
 The network is the scripts' `Net` without LayerNorm or GRU: `fc`, `mid`, `head`, each a group layer with weights
@@ -72,26 +72,34 @@ def _dense(x, w, b, relu):  # x @ w + b, ReLU'd in the same pass over the output
 
 @numba.njit(cache=True)
 def _forward(x, n_agents, normalize, mean, var, with_id, w1, b1, w2, b2, w3, b3):
-    """(B, A or 1, d) -> (B, A, d_out). Shared weights (n = 1): one product of every agent's rows; n = A: agent a's
-    rows through its own layers."""
-    B, d, n, A = x.shape[0], x.shape[2], w1.shape[0], n_agents
+    """(B, X, d), X = A or 1 (a row every agent sees) -> (B, A, d_out). The first layer's product is taken once per
+    input row and the one-hot id added as its weight row (a centralized critic's state: once per env, not per agent);
+    shared weights (n = 1): one product of every agent's rows, n = A: agent a's rows through its own layers."""
+    B, X, d, n, A, H = x.shape[0], x.shape[1], x.shape[2], w1.shape[0], n_agents, w1.shape[2]
+    xn = np.empty((B, X, d), np.float32)
+    for e in range(B):
+        for r in range(X):
+            for i in range(d):
+                v = x[e, r, i]
+                if normalize:  # as InputNorm: (x - mean) / sqrt(var + 1e-8), clipped
+                    v = (v - mean[i]) / np.sqrt(var[i] + np.float32(1e-8))
+                    v = min(max(v, np.float32(-INPUT_CLIP)), np.float32(INPUT_CLIP))
+                xn[e, r, i] = v
     per_set = A if n == 1 else 1  # agents per weight set
     out = np.empty((B, A, w3.shape[2]), np.float32)
     for k in range(n):
-        h = np.zeros((B * per_set, w1.shape[1]), np.float32)
+        rows = xn.reshape(B * X, d) if n == 1 else np.ascontiguousarray(xn[:, k if X > 1 else 0])
+        z = np.dot(rows, np.ascontiguousarray(w1[k, :d]))  # n = 1: row e * X + r; n = A: row e
+        h = np.empty((B * per_set, H), np.float32)
         for e in range(B):
             for j in range(per_set):
                 a = j if n == 1 else k
-                row, src = h[e * per_set + j], x[e, a if x.shape[1] > 1 else 0]
-                for i in range(d):
-                    v = src[i]
-                    if normalize:  # as InputNorm: (x - mean) / sqrt(var + 1e-8), clipped
-                        v = (v - mean[i]) / np.sqrt(var[i] + np.float32(1e-8))
-                        v = min(max(v, np.float32(-INPUT_CLIP)), np.float32(INPUT_CLIP))
-                    row[i] = v
-                if with_id:
-                    row[d + a] = 1.0
-        h = _dense(h, w1[k], b1[k, 0], True)
+                zr, row = z[e * X + (a if X > 1 else 0)] if n == 1 else z[e], h[e * per_set + j]
+                for c in range(H):
+                    v = zr[c] + b1[k, 0, c]
+                    if with_id:
+                        v += w1[k, d + a, c]
+                    row[c] = v if v > 0.0 else 0.0
         h = _dense(h, w2[k], b2[k, 0], True)
         h = _dense(h, w3[k], b3[k, 0], False)
         for e in range(B):
