@@ -424,6 +424,11 @@ def test_competing_groups_get_a_per_group_table(tmp_path):
         (out / env).mkdir(parents=True)
         shutil.copy(RESULTS / env / "mappo.json", out / env)
     result = json.loads((out / "simple_adversary_v3" / "mappo.json").read_text())
+    for p in result["per_seed"]:  # a v1 row first: the last periodic evaluation's per-group returns
+        p.pop("final_policy", None)
+    result["summary"].pop("final_policy", None)
+    result.pop("evaluation_protocol", None)
+    (out / "simple_adversary_v3" / "mappo.json").write_text(json.dumps(result))
     groups = [p["final_eval_return_by_group"] for p in result["per_seed"]]
     adversary = [g["adversary"] for g in groups]
     text = make_readme.generate(out).read_text()
@@ -851,13 +856,16 @@ def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budge
     ]:
         (out / env).mkdir(parents=True, exist_ok=True)
         shutil.copy(RESULTS / env / f"{algo}.json", out / env)
+    vdac = json.loads((out / "simple_reference_v3" / "vdac.json").read_text())
+    vdac["config"] = dict(vdac["config"], feature_norm="none")  # made with an older default of the script
+    (out / "simple_reference_v3" / "vdac.json").write_text(json.dumps(vdac))
     text = make_readme.generate(out).read_text()
     table = text.split("## MPE at a glance")[1].split("\n## ")[0]
     assert "| task | `qmix` | `vdac` |" in table  # one column per script, in the matrix's order; no variant column
     qmix_result = json.loads((out / "simple_spread_v3" / "qmix.json").read_text())
     qmix = qmix_result["summary"]["final_policy"]
     assert f"| simple_spread_v3 | {qmix['mean']:.2f} ± {qmix['std']:.2f} (10M) | — |" in table
-    assert "| simple_reference_v3 | — | " in table and "(2M, stale) |" in table  # VDAC's default changed since
+    assert "| simple_reference_v3 | — | " in table and "(2M, stale) |" in table  # its default changed since
     matrix = dict(qmix_result, algo="qmix-3m", total_timesteps=3_000_000)  # the matrix's row takes the cell
     matrix["summary"] = dict(qmix_result["summary"], final_policy=dict(qmix, mean=-7.0))
     (out / "simple_spread_v3" / "qmix-3m.json").write_text(json.dumps(matrix))
