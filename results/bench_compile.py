@@ -1,14 +1,16 @@
-"""Does torch.compile speed up the PPO update on this CPU? The scripts' own update, eager against compiled.
+"""Does torch.compile speed up the update on this CPU? The scripts' own update, eager against compiled.
 
     python results/bench_compile.py            # writes results/speed/compile.md and compile.json
 
 Issue 22 names `torch.compile` of the update step as one way to the hardware's speed. This measures it on the
-scripts' real update (`update()` of algos/mappo.py and algos/ippo.py at their defaults, one rollout of
-simple_spread_v3 from bench_update.filled_rollout), in three forms, interleaved round by round:
+scripts' real update at their defaults on simple_spread_v3: `update()` of algos/mappo.py and algos/ippo.py on one
+rollout (bench_update.filled_rollout), and of algos/maddpg.py (or another of the DDPG family) on batches sampled
+from a replay buffer of --learning-starts random transitions (bench_update.filled_replay; one update is one batch,
+its sampling included). Three forms, interleaved round by round:
 
 * `eager`: the update as the scripts run it;
-* `networks`: actor and critic compiled (`nn.Module.compile()`: TorchInductor, forward and backward), the loss and
-  Adam eager;
+* `networks`: actor and critic compiled (`nn.Module.compile()`: TorchInductor, forward and backward; the DDPG
+  family: every actor, critic and target), the loss and Adam eager;
 * `update`: the whole update function under `torch.compile` (Dynamo splits it where it leaves torch: the
   minibatch sampler, `.item()`).
 
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 from bench_train import _cpu  # noqa: E402
-from bench_update import filled_rollout, load_script  # noqa: E402
+from bench_update import DDPG, filled_replay, filled_rollout, load_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -49,6 +51,15 @@ def prepared(algo, mode):
     m = load_script(algo)
     sys.modules[m.__name__] = m  # Dynamo looks the module of a compiled function up by name
     torch.manual_seed(0)
+    if algo in DDPG:  # a fresh buffer, networks and sampler each time (seed 0): the first call is the same update
+        _, update, _ = filled_replay(algo, m, 256)
+        if mode == "networks":
+            for nets in update.nets.values():
+                for net in nets.values():
+                    net.compile()
+        elif mode == "update":
+            m.update = torch.compile(m.update)  # update() calls it through the module
+        return lambda reset=False: {k: float(v) for k, v in update().items()}
     args, pol, opt, rb, _ = filled_rollout(algo, m)
     update = m.update
     if mode == "networks":
@@ -104,7 +115,7 @@ def measure(algo, rounds):
 def markdown(report):
     loads = [", ".join(f"{x:.1f}" for x in report[k]) for k in ("load_average_before", "load_average")]
     lines = [
-        "# torch.compile on the PPO update: the scripts' own update, eager against compiled",
+        "# torch.compile on the update: the scripts' own update, eager against compiled",
         "",
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), torch {report['torch']}, one torch "
         f"thread, load average {loads[0]} before and {loads[1]} after. Regenerate: `{report['command']}`. Median of "
@@ -124,8 +135,9 @@ def markdown(report):
         "",
         "Forms: `networks` compiles actor and critic (`nn.Module.compile()`, forward and backward through "
         "TorchInductor's C++ code), the loss and Adam stay eager; `update` puts the whole update function under "
-        "`torch.compile` (Dynamo splits it at the sampler and at `.item()`). A form is worth having only if its "
-        "update is well under 1.00x and its compile time fits the 30 s budget of a default run's first iteration.",
+        "`torch.compile` (Dynamo splits it at the sampler, at `.item()` and, in the DDPG family, at the finite-loss "
+        "check before each step). A form is worth having only if its update is well under 1.00x and its compile time "
+        "fits the 30 s budget of a default run's first iteration.",
         "",
     ]
     return "\n".join(lines)
@@ -133,7 +145,7 @@ def markdown(report):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", default="mappo,ippo", help="comma-separated PPO scripts")
+    parser.add_argument("--algos", default="mappo,ippo,maddpg", help="comma-separated scripts (PPO, DDPG family)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()

@@ -97,7 +97,8 @@ def filled_rollout(algo, m, seed=0, **flags):
 
 def filled_replay(algo, m, train_frequency, batch_size=256, seed=0):
     """The script's networks, optimizers and replay buffer at its defaults (but these two), the buffer holding
-    --learning-starts uniformly random transitions of the Numba MPE, as in main(); returns a one-update callable."""
+    --learning-starts uniformly random transitions of the Numba MPE, as in main(); returns a one-update callable
+    (it returns the last `update()`'s losses; its `nets` attribute: the script's networks)."""
     args = m.Args(train_frequency=train_frequency, batch_size=batch_size)
     torch.manual_seed(seed)
     env = envs.make(ENV_ID, args.num_envs, seed, backend="numba", continuous_actions=args.continuous_actions)
@@ -128,8 +129,10 @@ def filled_replay(algo, m, train_frequency, batch_size=256, seed=0):
         for _ in range(per_call):
             b = to_torch(rb.sample(args.batch_size, rng), "cpu")
             extra = (next(count),) if algo == "matd3" else ()
-            m.update(b, nets, optimizers, args, learners, *extra)
+            losses, _ = m.update(b, nets, optimizers, args, learners, *extra)
+        return losses
 
+    update.nets = nets
     return args, update, per_call
 
 

@@ -54,3 +54,15 @@ def test_batched_products_count_once_per_matrix():
     a, b, bias = torch.randn(2, 6, 4), torch.randn(2, 4, 3), torch.randn(2, 1, 3)
     counts = bench_update.products_of(lambda: (torch.bmm(a, b), torch.baddbmm(bias, a, b)))
     assert counts == {(6, 4, 3): 4}
+
+
+def test_compile_bench_starts_every_ddpg_form_from_the_same_update():
+    """results/bench_compile.py checks each compiled form's losses against eager's first update: that only means
+    something if a fresh preparation replays the same update (buffer, weights, batch) every time."""
+    import bench_compile
+
+    first, again = bench_compile.prepared("maddpg", "eager"), bench_compile.prepared("maddpg", "eager")
+    losses = first(reset=True)
+    assert set(losses) >= {"qf_loss", "actor_loss"} and all(isinstance(v, float) for v in losses.values())
+    assert again(reset=True) == losses
+    assert first() != losses  # the next call is the next update
