@@ -348,6 +348,8 @@ MATRIX_ORDER = (
     "wqmix",
     "coma",
     "vdac",
+    "mfq",
+    "mfac",
 )
 NESTED_PAGES = ("tournament.md", "crossplay.md")  # written into this page whole, not linked as notes
 MATRIX_VARIANT = "3m"  # the matrix's rows: <env>/<algo>-3m.json, every script at its defaults for 3M steps
@@ -356,8 +358,8 @@ MPE_TASKS = ("simple_v3", "simple_adversary_v3", "simple_crypto_v3", "simple_pus
 COOPERATIVE_TASKS = ("simple_v3", "simple_reference_v3", "simple_speaker_listener_v4", "simple_spread_v3")
 MATRIX_FLAGS = f"--seeds 0,1,2 --total-timesteps 3000000 --variant {MATRIX_VARIANT}"
 MATRIX_COMMANDS = (  # the scripts that train each group apart run every task; one-team scripts, the cooperative ones
-    f"python results/run.py --algos mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,coma --envs {','.join(MPE_TASKS)} "
-    f"{MATRIX_FLAGS}",
+    f"python results/run.py --algos mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,coma,mfq,mfac "
+    f"--envs {','.join(MPE_TASKS)} {MATRIX_FLAGS}",
     f"python results/run.py --algos vdn,qmix,wqmix,vdac --envs {','.join(COOPERATIVE_TASKS)} {MATRIX_FLAGS}",
 )
 

@@ -12,7 +12,15 @@ exit status is 1. Two sweeps may share a results root: each run directory is cla
 ``.seed<S>.runner.lock``) just before its run starts and held until its record is written. A second sweep
 waits, with a line, for a run that another sweep (or a script started by hand) is executing, then collects
 it if it finished; no sweep empties a directory another holds, or one that holds files no sweep wrote, and
-no record is written over another launch's. Afterwards every (env, algo) is collected into
+no record is written over another launch's.
+
+A run that a sweep started and that did not finish (the sweep or its machine was stopped, the run killed) is
+continued, not restarted, when the same sweep is launched again: the script runs with ``--resume DIR`` in place
+of ``--run-dir DIR`` (its own flags and budget, from its ``last.pt``), appending to ``run.log``. A run stopped by
+SIGTERM or Ctrl-C wrote ``last.pt`` (and an off-policy script its replay buffer) where it stopped; after a
+``kill -9`` it goes back to the last periodic ``last.pt``, and the sweep says which step that is and how far
+the run had got. ``run.json`` keeps the command and lists each resume; its ``wall_time_s`` sums the launches.
+``--force`` starts every run afresh. Afterwards every (env, algo) is collected into
 ``<out>/<env_id>/<algo>.json`` (see collect.py) and ``<out>/README.md`` is regenerated (see make_readme.py).
 
 Usage::
@@ -38,6 +46,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -58,7 +67,10 @@ from collect import is_finished as run_is_finished
 REPO_ROOT = RESULTS_DIR.parent
 VERSION_PACKAGES = ["torch", "numpy", "numba", "pettingzoo", "mpe2", "gymnasium", "tensorboard"]
 THREAD_VARS = ["OMP_NUM_THREADS", "MKL_NUM_THREADS"]
-NOT_SHIPPED = (".pt", ".mp4", ".gif")  # large files a remote worker keeps
+CHECKPOINT_NAME = "last.pt"  # what --resume continues from
+NOT_SHIPPED = (".pt", ".mp4", ".gif", ".npz")  # large files a remote worker keeps
+STOP_GRACE_S = 300  # how long a stopped script may take to write last.pt and its replay buffer before SIGKILL
+PROGRESS = re.compile(rb"(\d+)/(\d+) \[")  # tqdm's "step/total [" in run.log
 _LIVE: set[subprocess.Popen] = set()  # this process's running scripts, killed on Ctrl-C
 _STOP = threading.Event()  # set on Ctrl-C: a thread waiting to claim a run directory gives up
 
@@ -113,8 +125,11 @@ def probe_versions() -> dict:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """Terminate a process and everything it started (its own session), then make sure it is gone."""
-    for sig, wait in [(signal.SIGTERM, 5), (signal.SIGKILL, None)]:
+    """Terminate a process and everything it started (its own session), then make sure it is gone.
+
+    A script stops at its next consistent point on SIGTERM and writes last.pt (and a replay buffer, which on
+    battle_v4 is a gigabyte): it has STOP_GRACE_S seconds for that before SIGKILL."""
+    for sig, wait in [(signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)]:
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -186,7 +201,7 @@ def execute(spec: dict) -> tuple[dict, dict[str, bytes] | None]:
         error=error,
         start=utc_now(start),
         end=utc_now(end),
-        wall_time_s=round(end - start, 3),
+        wall_time_s=round(end - start + record.get("wall_time_before_s", 0.0), 3),  # every launch of the run
     )
     files = None if shared or not run_dir.is_dir() else _pack(run_dir)
     return record, files
@@ -292,23 +307,52 @@ def plan(args: argparse.Namespace) -> list[Run]:
 
 
 def triage(run: Run, force: bool) -> str | None:
-    """'skip' for a finished run of the same command, a message for a conflict, else None (run it)."""
+    """'skip' for a finished run of the same command, 'resume' for an unfinished one (a sweep started the same
+    command there and its last.pt is in place), a message for a conflict, else None (run it afresh)."""
     if force:
         return None
+    recorded = (read_json(run.run_dir / RECORD_NAME) or {}).get("command")
     if not run_is_finished(run.run_dir):
         if not (run.run_dir / RECORD_NAME).exists() and run.run_dir.is_dir() and any(run.run_dir.iterdir()):
             return (
                 f"{run.run_dir} holds files of a run no sweep started (no {RECORD_NAME}); continue it by hand "
                 "(--resume), remove it, use another --out, or pass --force"
             )
+        if recorded == run.command and (run.run_dir / CHECKPOINT_NAME).is_file():
+            return "resume"
         return None
-    recorded = (read_json(run.run_dir / RECORD_NAME) or {}).get("command")
     if recorded is None or recorded == run.command:
         return "skip"
     return (
         f"{run.run_dir} holds a finished run of another command ({recorded}); "
         "remove it, use another --out, or pass --force"
     )
+
+
+def resume_argv(argv: list[str]) -> list[str]:
+    """The command that continues a run: ``--run-dir DIR`` becomes ``--resume DIR`` (flags and budget unchanged)."""
+    i = argv.index("--run-dir")
+    return [*argv[:i], "--resume", *argv[i + 1 :]]
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    """The env step a run's last.pt holds (None: unreadable; the script's --resume then names the problem)."""
+    import torch
+
+    try:
+        return int(torch.load(run_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=True)["global_step"])
+    except Exception:  # a damaged or foreign file: --resume refuses it with its own one-line error
+        return None
+
+
+def reached_step(run_dir: Path) -> int | None:
+    """The last step the run's progress bar showed in run.log (the script's own tqdm line), None if none."""
+    try:
+        text = (run_dir / LOG_NAME).read_bytes()
+    except OSError:
+        return None
+    found = PROGRESS.findall(text[-200_000:])
+    return int(found[-1][0]) if found else None
 
 
 def _holder(fd: int) -> str:
@@ -363,11 +407,16 @@ def _try_claim(fd: int, run_dir: Path) -> str | None:
     return None
 
 
-def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str) -> dict:
-    """Empty the (claimed) run directory, write the launch record and return the spec that ``execute`` runs."""
-    if run.run_dir.exists():
-        shutil.rmtree(run.run_dir)
-    run.run_dir.mkdir(parents=True)
+def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str, resume: str | None = None) -> dict:
+    """Write the launch record of a (claimed) run and return the spec that ``execute`` runs.
+
+    A fresh run empties the directory first. ``resume`` (a line that says where the run goes on from) keeps it:
+    the script continues with ``--resume``, and the record keeps the earlier launches under "resumes"."""
+    previous = (read_json(run.run_dir / RECORD_NAME) or {}) if resume else {}
+    if not resume:
+        if run.run_dir.exists():
+            shutil.rmtree(run.run_dir)
+        run.run_dir.mkdir(parents=True)
     launch_id = uuid.uuid4().hex
     record = {
         "env_id": run.env_id,
@@ -380,10 +429,21 @@ def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str)
         "sweep_command": sweep_command,
         "env": dict(args.child_env),
         "launch_id": launch_id,
+        "launched": time.time(),
     }
+    argv = run.argv
+    if resume:
+        argv = resume_argv(run.argv)
+        earlier = {k: previous.get(k) for k in ("start", "end", "status", "error", "commit", "node", "hardware")}
+        record["resumes"] = [*previous.get("resumes", []), {**earlier, "resumed": utc_now(), "how": resume}]
+        record["resume_command"] = shlex.join(argv)
+        record["first_start"] = previous.get("first_start") or previous.get("start")
+        record["wall_time_before_s"] = previous.get("wall_time_s") or interrupted_time(run, previous)
+        with open(run.log, "ab") as log:
+            log.write(f"\n[results/run.py] {resume}\n".encode())
     (run.run_dir / RECORD_NAME).write_text(json.dumps({**record, "status": "launched"}))
     return {
-        "argv": run.argv,
+        "argv": argv,
         "cwd": str(REPO_ROOT),
         "run_dir": str(run.run_dir.resolve()),
         "launch_id": launch_id,
@@ -391,6 +451,26 @@ def prepare(run: Run, args: argparse.Namespace, commit: str, sweep_command: str)
         "env": dict(args.child_env),
         "record": record,
     }
+
+
+def interrupted_time(run: Run, previous: dict) -> float:
+    """Seconds an interrupted launch ran (its record has no end): from its launch to its log's last write."""
+    try:
+        ran = max(0.0, run.log.stat().st_mtime - previous["launched"])
+        return round(ran + previous.get("wall_time_before_s", 0.0), 3)
+    except (OSError, KeyError, TypeError):
+        return 0.0
+
+
+def resume_line(run: Run) -> str:
+    """Where an unfinished run goes on from: its last.pt's step, and what a kill lost since then."""
+    step, reached = checkpoint_step(run.run_dir), reached_step(run.run_dir)
+    line = f"resume  {run.name} from step {step:,} of its last.pt" if step is not None else f"resume  {run.name}"
+    if step is not None and reached is not None and reached > step:
+        line += f": it had reached step {reached:,}, so the {reached - step:,} steps since that checkpoint are lost"
+    elif step is not None:
+        line += ", where it stopped"
+    return line
 
 
 def finish(run: Run, record: dict, files: dict[str, bytes] | None) -> str | None:
@@ -539,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = triage(run, args.force)
         if verdict == "skip":
             collectable.append(run)
-        elif verdict is None:
+        elif verdict in (None, "resume"):
             todo.append(run)
         else:
             failures.append(f"FAILED {run.name}: {verdict}")
@@ -574,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
             tally(run, "busy", f"BUSY   {run.name}: {claimed}; not run, and not in this sweep's results")
             return None
         verdict = triage(run, args.force)
-        if verdict is not None:
+        if verdict not in (None, "resume"):
             os.close(claimed)
             if verdict == "skip":
                 tally(run, "skipped", f"skip    {run.name}: finished meanwhile by another sweep")
@@ -582,7 +662,11 @@ def main(argv: list[str] | None = None) -> int:
                 tally(run, "failed", f"FAILED {run.name}: {verdict}")
             return None
         claims[run.run_dir] = claimed
-        return prepare(run, args, commit, sweep_command)
+        resume = None
+        if verdict == "resume":
+            resume = resume_line(run)
+            bar.write(resume)
+        return prepare(run, args, commit, sweep_command, resume)
 
     def on_done(run: Run, record: dict, files: dict[str, bytes] | None) -> None:
         clash = finish(run, record, files)

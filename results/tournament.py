@@ -13,32 +13,48 @@ and how sure we are.
   that died. A battle that ends because a team was wiped out flags every agent (MAgent2), so there the survivors
   are those alive before the last step, and the team with fewer of them (or, if equal, the lower reward in that
   step) is the one wiped out.
-* Output in `--out` (default results/<env>/): tournament.json (every pair's outcomes, the command, the commit),
-  tournament.md: the score matrix (wins + draws / 2 over both sides, with 95% Wilson intervals), wins / draws /
-  losses, Bradley-Terry ratings on the Elo scale (random = 0 when it plays) and mean kills per battle; and
-  tournament.png, the score matrix as a heatmap.
+* A player's script is the algorithm that wrote its checkpoint; several checkpoints of one script are its seeds.
+  Per script, pooled over its seeds: the score against each other script and the Bradley-Terry rating, each with a
+  95% interval from a bootstrap over seeds (every script's seeds resampled with replacement, 2,000 times), which
+  carries the spread between seeds that a Wilson interval over the pooled battles would hide. Per player (a seed
+  pair's battles): the score with its 95% Wilson interval and the rating.
+* Output in `--out` (default results/<env>/): tournament.json (every pair's outcomes, the command, the commit, each
+  checkpoint's sha256), tournament.md: the tables above, wins / draws / losses and mean kills per battle (ratings on
+  the Elo scale, random = 0 when it plays); and tournament.png, the two score matrices as heatmaps.
+* `--keep DIR` copies every checkpoint player to `DIR/<player name>/last.pt` (weights and flags; the optimizer
+  states, which no player needs, are dropped) and exits: run directories are not kept, and a tournament played from
+  `--runs DIR/*/*` can be played again, and joined by new players, from the copies.
+* Pairs play in `--workers` processes (one torch thread each). Each finished pair is appended to
+  `<out>/tournament.partial.jsonl` at once; a tournament launched again with the same settings reuses the pairs
+  there and in an earlier tournament.json whose checkpoints are unchanged (sha256), so a stopped tournament goes on
+  where it stopped and a new player plays only its own pairs.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import multiprocessing
 import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 import torch
 
 import envs
-from runtime.checkpoint import read_checkpoint
+from runtime.checkpoint import read_checkpoint, save_checkpoint
 from runtime.opponents import Frozen, load_actor, parse_opponent, random_actor
 
 RESULTS_DIR = Path(__file__).resolve().parent
 RANDOM = "random"
+PARTIAL = "tournament.partial.jsonl"
+BOOTSTRAP = 2000  # resamples of the seeds for the script-level intervals
 
 
 def source_group(ckpt: dict, side: str, fixed: str | None, path: str) -> str:
@@ -155,49 +171,142 @@ def main(argv=None):
     parser.add_argument("--env-kwargs", default="{}", help="env keyword arguments as JSON, e.g. '{\"map_size\": 45}'")
     parser.add_argument("--sample", action="store_true", help="players sample their actions (default: greedy)")
     parser.add_argument("--out", default=None, help="output directory (default results/<env>/)")
+    parser.add_argument("--workers", type=int, default=1, help="pairs played side by side, one process each")
+    parser.add_argument("--keep", type=Path, default=None, help="copy each checkpoint player (no optimizer states) to "
+                        "KEEP/<player name>/last.pt and exit")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        if args.battles < 1 or args.num_envs < 1:
-            raise ValueError("--battles and --num-envs must be positive integers")
+        if args.battles < 1 or args.num_envs < 1 or args.workers < 1:
+            raise ValueError("--battles, --num-envs and --workers must be positive integers")
         kwargs = json.loads(args.env_kwargs)
         players = players_from(args)
+        if args.keep:
+            for path in keep(players, args.keep):
+                print(f"kept {path}")
+            return 0
         probe = envs.make(args.env_id, 1, 0, backend=args.backend, **kwargs)
         sides, groups = list(probe.groups), probe.groups
         probe.close()
         if len(sides) != 2:
             raise ValueError(f"{args.env_id} has the groups {sides}: a tournament needs two teams")
+        for name in players:  # every player must fit both sides before any battle
+            for side in sides:
+                maker(players, name, groups[side], side, args.env_id, args.sample)
     except (ValueError, ImportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    make_env = lambda n, seed: envs.make(args.env_id, n, seed, backend=args.backend, **kwargs)  # noqa: E731
     names, start = list(players), time.time()
-    outcomes = {}
-    for a in names:
-        for b in names:
-            if a == b:
-                continue
-            try:
-                red = maker(players, a, groups[sides[0]], sides[0], args.env_id, args.sample)
-                blue = maker(players, b, groups[sides[1]], sides[1], args.env_id, args.sample)
-            except ValueError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
-            outcomes[f"{a} vs {b}"] = battles(make_env, sides, red, blue, args.battles, args.seed, args.num_envs)
-            print(f"{a} ({sides[0]}) vs {b} ({sides[1]}): {summary(outcomes[f'{a} vs {b}'])}", flush=True)
-    report = tables(names, sides, outcomes, args)
     out = Path(args.out) if args.out else RESULTS_DIR / args.env_id
     out.mkdir(parents=True, exist_ok=True)
+    digests = {name: sha256(path) for name, (path, _) in players.items()}
+    settings = dict(env_id=args.env_id, battles=args.battles, seed=args.seed, backend=args.backend, env_kwargs=kwargs,
+                    sample=args.sample)  # fmt: skip
+    keys = {(a, b): pair_key(settings, players[a], players[b], digests[a], digests[b]) for a in names for b in names}
+    outcomes = reusable(out, keys)
+    todo = [(a, b) for a in names for b in names if a != b and f"{a} vs {b}" not in outcomes]
+    if outcomes:
+        print(f"{len(outcomes)} pairs reused from {out} (same checkpoints and settings), {len(todo)} to play")
+    task = dict(players=players, groups=groups, sides=sides, args=vars(args), kwargs=kwargs)
+    try:
+        with open(out / PARTIAL, "a") as partial:
+            for (a, b), rows in play(task, todo, args.workers):
+                outcomes[f"{a} vs {b}"] = rows
+                partial.write(json.dumps({"pair": f"{a} vs {b}", "key": keys[a, b], "rows": rows}) + "\n")
+                partial.flush()
+                print(f"{a} ({sides[0]}) vs {b} ({sides[1]}): {summary(rows)}", flush=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    outcomes = {f"{a} vs {b}": outcomes[f"{a} vs {b}"] for a in names for b in names if a != b}  # in order
+    scripts = {name: script_of(path) for name, (path, _) in players.items()}
+    report = tables(names, sides, outcomes, args, scripts)
     command = "python results/tournament.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     record = dict(env_id=args.env_id, commit=commit(), sides=sides, players={k: v[0] for k, v in players.items()},
-                  battles=args.battles, seed=args.seed, env_kwargs=kwargs, sample=args.sample, command=command,
-                  seconds=round(time.time() - start, 1), outcomes=outcomes,
+                  scripts=scripts, sha256=digests, battles=args.battles, seed=args.seed, env_kwargs=kwargs,
+                  backend=args.backend, sample=args.sample, command=command, seconds=round(time.time() - start, 1),
+                  pair_keys={f"{a} vs {b}": keys[a, b] for a in names for b in names if a != b}, outcomes=outcomes,
                   columns=[f"{g} {k}" for k in ("alive", "kills", "return") for g in sides])  # fmt: skip
     (out / "tournament.json").write_text(json.dumps(record) + "\n")
     header = f"# Tournament on {args.env_id}\n\nCommand: `{command}` (commit {record['commit']}).\n\n"
-    (out / "tournament.md").write_text(header + f"![score matrix](tournament.png)\n\n{report}")
-    heatmap(names, outcomes, out / "tournament.png", args.env_id)
+    (out / "tournament.md").write_text(header + f"![score matrices](tournament.png)\n\n{report}")
+    heatmap(names, outcomes, out / "tournament.png", args.env_id, scripts)
+    (out / PARTIAL).unlink(missing_ok=True)  # everything it held is in tournament.json now
     print(report)
     return 0
+
+
+def keep(players: dict, directory: Path) -> list[Path]:
+    """Copies of the checkpoint players without their optimizer states, at `directory/<player name>/last.pt`."""
+    kept = []
+    for name, (path, _) in players.items():
+        if path is not None:
+            ckpt = read_checkpoint(path)
+            ckpt["optimizers"] = {}
+            kept.append(directory / name / "last.pt")
+            kept[-1].parent.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(str(kept[-1]), ckpt)
+    return kept
+
+
+def sha256(path: str | None) -> str | None:
+    """The checkpoint's digest (None for the random player)."""
+    return None if path is None else hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def script_of(path: str | None) -> str:
+    """The algorithm that wrote a checkpoint: its player's script (random for the random player)."""
+    return RANDOM if path is None else str(read_checkpoint(path)["algo"])
+
+
+def pair_key(settings: dict, a: tuple, b: tuple, digest_a: str | None, digest_b: str | None) -> str:
+    """What a pair's outcomes depend on: the settings, both checkpoints (by content) and the groups they play."""
+    text = json.dumps([settings, digest_a, a[1], digest_b, b[1]], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def reusable(out: Path, keys: dict) -> dict:
+    """Outcomes already played with the same key: in an earlier tournament.json and in the partial file."""
+    wanted = {f"{a} vs {b}": key for (a, b), key in keys.items() if a != b}
+    found = {}
+    try:
+        earlier = json.loads((out / "tournament.json").read_text())
+        for pair, key in earlier.get("pair_keys", {}).items():
+            if wanted.get(pair) == key:
+                found[pair] = earlier["outcomes"][pair]
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        for line in (out / PARTIAL).read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut short by a kill
+                continue
+            if wanted.get(entry.get("pair")) == entry.get("key"):
+                found[entry["pair"]] = entry["rows"]
+    except OSError:
+        pass
+    return found
+
+
+def play_pair(task: dict, a: str, b: str) -> tuple[tuple[str, str], list]:
+    """The battles of one ordered pair, in this process (one torch thread: the workers run side by side)."""
+    torch.set_num_threads(1)
+    args, players, groups, sides = task["args"], task["players"], task["groups"], task["sides"]
+    red = maker(players, a, groups[sides[0]], sides[0], args["env_id"], args["sample"])
+    blue = maker(players, b, groups[sides[1]], sides[1], args["env_id"], args["sample"])
+    make_env = lambda n, seed: envs.make(args["env_id"], n, seed, backend=args["backend"], **task["kwargs"])  # noqa: E731
+    return (a, b), battles(make_env, sides, red, blue, args["battles"], args["seed"], args["num_envs"])
+
+
+def play(task: dict, pairs: list, workers: int):
+    """Yield ((a, b), rows) for every pair as it finishes: here, or in `workers` processes."""
+    if workers <= 1:
+        for a, b in pairs:
+            yield play_pair(task, a, b)
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for future in as_completed([pool.submit(play_pair, task, a, b) for a, b in pairs]):
+            yield future.result()
 
 
 def commit() -> str:
@@ -230,25 +339,78 @@ def scores(names, outcomes):
     return score, wins, draws, played
 
 
-def heatmap(names, outcomes, path, env_id):
-    """The score matrix as a PNG: row player's score against the column player."""
+def script_scores(names, outcomes, scripts):
+    """The players' score and battle matrices, the scripts in order of appearance, and each script's players."""
+    score, _, _, played = scores(names, outcomes)
+    order = list(dict.fromkeys(scripts[n] for n in names))
+    members = [[i for i, n in enumerate(names) if scripts[n] == s] for s in order]
+    return score, played, order, members
+
+
+def pooled(score, played, members, weights):
+    """Script-level score and battle matrices: the players' matrices summed over each script's seeds, each seed
+    counted `weights[i]` times (1 for the seeds as they are; a bootstrap resample's multiplicities)."""
+    m = np.zeros((len(members), len(weights)))
+    for k, idx in enumerate(members):
+        m[k, idx] = weights[idx]
+    s, p = m @ score @ m.T, m @ played @ m.T
+    np.fill_diagonal(s, 0.0)  # a script's seeds against one another: not a score against another script
+    np.fill_diagonal(p, 0.0)
+    return s, p
+
+
+def elo_of(score, names):
+    """Bradley-Terry ratings on the Elo scale, random = 0 where it plays (else the mean = 0)."""
+    elo = 400 * np.log10(bradley_terry(score))
+    return elo - (elo[names.index(RANDOM)] if RANDOM in names else elo.mean())
+
+
+def bootstrap_scripts(score, played, order, members, resamples=BOOTSTRAP, seed=0):
+    """95% percentile intervals over seeds of the pooled score matrix and the scripts' ratings: each resample
+    draws every script's seeds with replacement (numpy.random.default_rng(seed))."""
+    rng = np.random.default_rng(seed)
+    rates, elos = [], []
+    for _ in range(resamples):
+        weights = np.zeros(len(score))
+        for idx in members:
+            np.add.at(weights, rng.choice(idx, len(idx)), 1.0)
+        s, p = pooled(score, played, members, weights)
+        rates.append(np.divide(s, p, out=np.zeros_like(s), where=p > 0))  # 0 on the diagonal, never shown
+        elos.append(elo_of(s, order))
+    rate_ci = np.percentile(np.array(rates), [2.5, 97.5], axis=0)
+    elo_ci = np.percentile(np.array(elos), [2.5, 97.5], axis=0)
+    return rate_ci, elo_ci
+
+
+def heatmap(names, outcomes, path, env_id, scripts=None):
+    """The score matrices as a PNG: per script pooled over seeds (left, when a script has several players) and per
+    player (right): the row's score (wins + draws / 2) against the column."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    score, _, _, played = scores(names, outcomes)
-    rate = np.where(played > 0, score / np.maximum(played, 1), np.nan)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.9 * len(names)), max(3.5, 1.0 + 0.8 * len(names))))
-    im = ax.imshow(rate, vmin=0, vmax=1, cmap="RdBu")
-    for i in range(len(names)):
-        for j in range(len(names)):
-            if i != j:
-                ax.text(j, i, f"{rate[i, j]:.2f}", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
-    ax.set_yticks(range(len(names)), names)
-    ax.set_title(f"{env_id}\nscore of the row player (wins + draws / 2)", fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.046)
+    scripts = scripts or {n: n for n in names}
+    score, played, order, members = script_scores(names, outcomes, scripts)
+    panels = [(names, score, played)]
+    if len(order) < len(names):
+        s, p = pooled(score, played, members, np.ones(len(names)))
+        panels.insert(0, (order, s, p))
+    size = [max(4.0, 1.2 + 0.45 * len(labels)) for labels, _, _ in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(size), max(size) * 0.85), squeeze=False)
+    for ax, (labels, s, p) in zip(axes[0], panels, strict=True):
+        rate = np.where(p > 0, s / np.maximum(p, 1), np.nan)
+        im = ax.imshow(rate, vmin=0, vmax=1, cmap="RdBu")
+        font = 8 if len(labels) <= 8 else 5
+        for i in range(len(labels)):
+            for j in range(len(labels)):
+                if i != j and not np.isnan(rate[i, j]):
+                    ax.text(j, i, f"{rate[i, j]:.2f}", ha="center", va="center", fontsize=font)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=font + 1)
+        ax.set_yticks(range(len(labels)), labels, fontsize=font + 1)
+        what = "per script, pooled over seeds" if labels is order else "per player"
+        ax.set_title(f"{env_id}: score of the row ({what})", fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -260,25 +422,33 @@ def summary(rows) -> str:
             f"{int((r[:, 0] == r[:, 1]).sum())}; kills {r[:, 2].mean():.1f} vs {r[:, 3].mean():.1f}")  # fmt: skip
 
 
-def tables(names, sides, outcomes, args) -> str:
-    """The score matrix with intervals, ratings and kills, as markdown."""
-    n = len(names)
-    score, wins, draws, played = scores(names, outcomes)
-    kills, battles_of = np.zeros(n), np.zeros(n)
+def kill_matrix(names, outcomes):
+    """kills[i, j]: the agents player i killed in its battles against j, over both sides."""
+    kills = np.zeros((len(names), len(names)))
     for i, a in enumerate(names):
         for j, b in enumerate(names):
             if i != j:
-                r = np.asarray(outcomes[f"{a} vs {b}"], float)
-                kills[i] += r[:, 2].sum()
-                kills[j] += r[:, 3].sum()
-                battles_of[i] += len(r)
-                battles_of[j] += len(r)
-    strength = bradley_terry(score)
-    elo = 400 * np.log10(strength)
-    elo -= elo[names.index(RANDOM)] if RANDOM in names else elo.mean()
-    lines = [f"{args.battles} battles per ordered pair ({sides[0]} first), both sides pooled: the row player's score "
-             f"(wins + draws / 2) against the column player, with its 95% Wilson interval.", "",
-             "| | " + " | ".join(names) + " |", "|---|" + "---|" * n]  # fmt: skip
+                r = np.asarray(outcomes[f"{a} vs {b}"], float)  # a is the first side
+                kills[i, j] += r[:, 2].sum()
+                kills[j, i] += r[:, 3].sum()
+    return kills
+
+
+def tables(names, sides, outcomes, args, scripts=None) -> str:
+    """The score matrices with intervals, ratings and kills, as markdown: per script (when a script has several
+    players), then per player."""
+    n = len(names)
+    scripts = scripts or {name: name for name in names}
+    score, wins, draws, played = scores(names, outcomes)
+    kills = kill_matrix(names, outcomes)
+    lines = []
+    _, _, order, members = script_scores(names, outcomes, scripts)
+    if len(order) < n:
+        lines += script_tables(score, wins, draws, played, kills, order, members)
+    elo = elo_of(score, names)
+    lines += [f"Per player: {args.battles} battles per ordered pair ({sides[0]} first), both sides pooled: the row "
+              f"player's score (wins + draws / 2) against the column player, with its 95% Wilson interval.", "",
+              "| | " + " | ".join(names) + " |", "|---|" + "---|" * n]  # fmt: skip
     for i, a in enumerate(names):
         cells = []
         for j in range(n):
@@ -292,10 +462,37 @@ def tables(names, sides, outcomes, args) -> str:
     lines += ["", "| player | rating (Elo scale, Bradley-Terry) | score over all battles | wins / draws / losses | "
               "mean kills per battle |", "|---|---|---|---|---|"]  # fmt: skip
     for i in np.argsort(-elo):
-        w, d = int(wins[i].sum()), int(draws[i].sum())
-        lines.append(f"| {names[i]} | {elo[i]:+.0f} | {score[i].sum() / played[i].sum():.3f} | "
-                     f"{w} / {d} / {int(played[i].sum()) - w - d} | {kills[i] / battles_of[i]:.2f} |")  # fmt: skip
+        w, d, n_i = int(wins[i].sum()), int(draws[i].sum()), played[i].sum()
+        row = f"| {names[i]} | {elo[i]:+.0f} | {score[i].sum() / n_i:.3f} | {w} / {d} / {int(n_i) - w - d}"
+        lines.append(f"{row} | {kills[i].sum() / n_i:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def script_tables(score, wins, draws, played, kills, order, members) -> list[str]:
+    """Per script, pooled over its seeds (against the other scripts only): the score matrix and the ratings, with
+    95% bootstrap intervals over seeds."""
+    ones = np.ones(len(score))
+    s, p = pooled(score, played, members, ones)
+    w, d, k = (pooled(x, played, members, ones)[0] for x in (wins, draws, kills))
+    rate_ci, elo_ci = bootstrap_scripts(score, played, order, members)
+    elo = elo_of(s, order)
+    seeds = ", ".join(f"{name} {len(idx)}" for name, idx in zip(order, members, strict=True))
+    lines = [f"Per script, pooled over its seeds ({seeds}): the row script's score (wins + draws / 2) against the "
+             f"column script over every battle of their seeds, both sides, with a 95% interval from {BOOTSTRAP:,} "
+             "bootstrap resamples of each script's seeds.", "",
+             "| | " + " | ".join(order) + " |", "|---|" + "---|" * len(order)]  # fmt: skip
+    for i, a in enumerate(order):
+        cells = ["—" if i == j else f"{s[i, j] / p[i, j]:.2f} [{rate_ci[0, i, j]:.2f}, {rate_ci[1, i, j]:.2f}]"
+                 for j in range(len(order))]  # fmt: skip
+        lines.append(f"| **{a}** | " + " | ".join(cells) + " |")
+    lines += ["", "| script | seeds | rating (Elo scale, Bradley-Terry) [95% over seeds] | score against the other "
+              "scripts | wins / draws / losses | mean kills per battle |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for i in np.argsort(-elo):
+        n, won, drawn = p[i].sum(), w[i].sum(), d[i].sum()
+        lines.append(f"| {order[i]} | {len(members[i])} | {elo[i]:+.0f} [{elo_ci[0, i]:+.0f}, {elo_ci[1, i]:+.0f}] | "
+                     f"{s[i].sum() / n:.3f} | {int(won)} / {int(drawn)} / {int(n - won - drawn)} | "
+                     f"{k[i].sum() / n:.2f} |")  # fmt: skip
+    return lines + [""]
 
 
 if __name__ == "__main__":

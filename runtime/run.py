@@ -94,12 +94,13 @@ class Run:
                 os.remove(os.path.join(self.dir, "DONE"))  # it trains again, e.g. to a larger --total-timesteps
             self.global_step, self.evals, self.best_eval = ckpt["global_step"], ckpt["evals"], ckpt["best_eval"]
             self.counters, self.saved_step = dict(ckpt["counters"]), self.global_step
-            changed = {k: v for k, v in self.config().items() if ckpt["args"].get(k) != v and k != "resume"}
+            same_dir = ("resume", "run_dir")  # --resume continues in the run's own directory
+            changed = {k: v for k, v in self.config().items() if ckpt["args"].get(k) != v and k not in same_dir}
             with open(os.path.join(self.dir, "resumes.jsonl"), "a") as f:  # config.json stays the first run's
                 f.write(json.dumps({"time": time.time(), "global_step": self.global_step, "changed": changed}) + "\n")
             if changed:
                 print("resumed with other flags: " + ", ".join(f"{flag(k)} {v}" for k, v in changed.items()))
-            self.restore_replay()
+            self.restore_replay(ckpt)
         else:
             self.dir = args.run_dir or f"runs/{args.env_id}__{algo}__{args.seed}__{int(time.time())}"
             os.makedirs(self.dir, exist_ok=True)
@@ -199,8 +200,8 @@ class Run:
                     optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
                     rng=rng_state(self.rng))  # fmt: skip
 
-    def save(self, name: str) -> None:
-        save_checkpoint(os.path.join(self.dir, name), self.checkpoint())
+    def save(self, name: str, **extra) -> None:
+        save_checkpoint(os.path.join(self.dir, name), self.checkpoint() | extra)
         if name == "last.pt":
             self.saved_at, self.saved_step = time.time(), self.global_step
 
@@ -234,12 +235,18 @@ class Run:
         self.env.frozen.set(args.self_play, make, self.pool_source)
         self.writer.add_scalar("charts/self_play_opponent_step", int(os.path.basename(path)[5:-3]), self.global_step)
 
-    def restore_replay(self) -> None:
+    def restore_replay(self, ckpt: dict) -> None:
+        """The replay buffer a stop wrote beside last.pt, when last.pt is that stop's (it says so: `replay_step`).
+        After a later periodic last.pt (a kill -9 since), the file is older than the weights: the buffer refills."""
         if self.replay is None:
             return
         path = os.path.join(self.dir, REPLAY_NAME)
         if not os.path.exists(path):
             print(f"{path} does not exist: the replay buffer refills from scratch")
+            return
+        if ckpt.get("replay_step") != ckpt["global_step"]:
+            why = f"not from the stop that wrote last.pt (step {ckpt['global_step']}; a kill since?)"
+            print(f"{path} is {why}: the replay buffer refills from scratch")
             return
         self.replay.load(path)
         self.replay_restored = True
@@ -254,9 +261,12 @@ class Run:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here on the run ends: a second Ctrl-C changes nothing
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.bar.close()
-        self.save("last.pt")
         if self.replay is not None and getattr(self.args, "save_buffer", True):
+            # the buffer first: a last.pt that names its step is then never beside an older one
             self.replay.save(os.path.join(self.dir, REPLAY_NAME))
+            self.save("last.pt", replay_step=self.global_step)
+        else:
+            self.save("last.pt")
         self.close()
         raise RunStopped(f"stopped at step {self.global_step} ({signal.Signals(self.stop_signal).name}): saved "
                          f"{self.dir}/last.pt; continue with --resume {self.dir}")  # fmt: skip

@@ -1,6 +1,8 @@
 """runtime/opponents.py: every script's checkpoint plays a group (actor()), --opponent, --self-play, and the errors."""
 
+import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -239,6 +241,70 @@ def test_tournament_runs_and_writes_its_tables(checkpoints, tmp_path, capsys):
     assert code == 2 and "its group 'agent' has [agents, observation shape" in capsys.readouterr().err
     code = tournament.main([str(f) for f in [*flags, "--random"]])
     assert code == 2 and "at least two players" in capsys.readouterr().err
+
+
+def test_tournament_pools_a_scripts_seeds_and_its_interval_carries_their_spread():
+    # script A: seed a1 beats b in all 100 battles, seed a2 loses all 100; script B has one seed
+    won, lost = [[3, 0, 3, 0, 0, 0]] * 50, [[0, 3, 0, 3, 0, 0]] * 50
+    outcomes = {"a1 vs b": won, "b vs a1": lost, "a2 vs b": lost, "b vs a2": won, "a1 vs a2": won, "a2 vs a1": won}
+    names, scripts = ["a1", "a2", "b"], {"a1": "A", "a2": "A", "b": "B"}
+    score, played, order, members = tournament.script_scores(names, outcomes, scripts)
+    s, p = tournament.pooled(score, played, members, np.ones(3))
+    assert order == ["A", "B"] and s[0, 1] / p[0, 1] == 0.5 and p[0, 0] == 0  # A's seeds among themselves left out
+    rate_ci, elo_ci = tournament.bootstrap_scripts(score, played, order, members, resamples=400)
+    assert rate_ci[:, 0, 1].tolist() == [0.0, 1.0]  # resampled seeds: {a1, a1} wins all, {a2, a2} loses all
+    assert tournament.wilson(0.5, 400)[1] < 0.6  # what pooling the 400 battles as independent would have claimed
+    assert elo_ci[0, 0] < 0 < elo_ci[1, 0]
+    md = tournament.tables(names, ["red", "blue"], outcomes, argparse.Namespace(battles=50), scripts)
+    assert "| **A** | — | 0.50 [0.00, 1.00] |" in md and "| A | 2 | +0 [" in md and "| **a1** | — |" in md
+
+
+def test_a_tournament_launched_again_reuses_its_pairs_and_plays_only_a_new_players(checkpoints, tmp_path, capsys,
+                                                                                  monkeypatch):  # fmt: skip
+    flags = ["--env", "simple_adversary_v3", "--backend", "pettingzoo", "--battles", 2, "--num-envs", 2,
+             "--out", tmp_path, "--player", f"m={checkpoints / 'mappo' / 'last.pt'}"]  # fmt: skip
+    assert tournament.main([str(f) for f in [*flags, "--random"]]) == 0
+    first = json.loads((tmp_path / "tournament.json").read_text())
+    assert not (tmp_path / tournament.PARTIAL).exists()  # everything it held is in tournament.json
+    played = []
+    real = tournament.battles
+    monkeypatch.setattr(tournament, "battles", lambda *a: played.append(a) or real(*a))
+    # a stopped tournament: one pair of a new player is in the partial file already
+    other = tmp_path / "other.pt"
+    shutil.copy(checkpoints / "mappo" / "last.pt", other)
+    key = tournament.pair_key(dict(env_id="simple_adversary_v3", battles=2, seed=20_000, backend="pettingzoo",
+                                   env_kwargs={}, sample=False), (str(other), None), (None, None),
+                              tournament.sha256(str(other)), None)  # fmt: skip
+    rows = [[1, 2, 0, 0, 0.0, 0.0]] * 2
+    (tmp_path / tournament.PARTIAL).write_text(json.dumps({"pair": "o vs random", "key": key, "rows": rows}) + "\n{cut")
+    capsys.readouterr()
+    assert tournament.main([str(f) for f in [*flags, "--player", f"o={other}", "--random"]]) == 0
+    assert "3 pairs reused" in capsys.readouterr().out and len(played) == 3  # m-o, o-m, random-o
+    second = json.loads((tmp_path / "tournament.json").read_text())
+    assert second["outcomes"]["m vs random"] == first["outcomes"]["m vs random"]
+    assert second["outcomes"]["o vs random"] == rows
+    assert second["scripts"] == {"m": "mappo", "o": "mappo", "random": "random"}
+
+
+def test_a_kept_policy_plays_as_its_checkpoint(checkpoints, tmp_path, capsys):
+    flags = ["--env", "simple_adversary_v3", "--backend", "pettingzoo", "--battles", 3, "--num-envs", 3, "--random"]
+    run = checkpoints / "mappo"
+    assert tournament.main([str(f) for f in [*flags, "--runs", run, "--keep", tmp_path / "kept"]]) == 0
+    kept = tmp_path / "kept" / "mappo" / "mappo" / "last.pt"
+    assert f"kept {kept}" in capsys.readouterr().out and torch.load(kept, weights_only=True)["optimizers"] == {}
+    for source, out in ((run, "a"), (kept.parent, "b")):
+        assert tournament.main([str(f) for f in [*flags, "--runs", source, "--out", tmp_path / out]]) == 0
+    a, b = (json.loads((tmp_path / d / "tournament.json").read_text()) for d in ("a", "b"))
+    assert a["outcomes"] == b["outcomes"] and list(a["players"]) == list(b["players"]) == ["mappo/mappo", "random"]
+
+
+def test_tournament_workers_play_the_same_battles(checkpoints, tmp_path):
+    flags = ["--env", "simple_adversary_v3", "--backend", "pettingzoo", "--battles", 3, "--num-envs", 3,
+             "--player", f"m={checkpoints / 'mappo' / 'last.pt'}", "--random"]  # fmt: skip
+    assert tournament.main([str(f) for f in [*flags, "--out", tmp_path / "one"]]) == 0
+    assert tournament.main([str(f) for f in [*flags, "--out", tmp_path / "two", "--workers", 2]]) == 0
+    one, two = (json.loads((tmp_path / d / "tournament.json").read_text())["outcomes"] for d in ("one", "two"))
+    assert one == two
 
 
 # --- results/crossplay.py ---

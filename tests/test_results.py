@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -560,6 +561,92 @@ def test_a_sweep_waits_for_a_script_running_in_its_directory_and_never_empties_o
     proc = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "1,", launch_log=log)
     assert proc.returncode == 1 and "holds files of a run no sweep started (no run.json)" in proc.stderr
     assert (other / "last.pt").exists() and len(launches(log)) == 1
+
+
+def test_an_interrupted_sweep_continues_its_run_from_the_checkpoint_when_launched_again(tmp_path):
+    """The sweep is stopped mid-run (SIGTERM); launched again it resumes that run instead of restarting it, and the
+    run's evaluations come out as if it had never stopped (the fake's curve is a function of the step)."""
+    log = tmp_path / "launches.txt"
+    cmd = _sweep_command(tmp_path, "--seeds", "0,")
+    run_dir = tmp_path / "runs" / "env_x" / "fake_a" / "seed0"
+    first = subprocess.Popen(cmd, env={**os.environ, "FAKE_LAUNCH_LOG": str(log), "FAKE_EVAL_SLEEP": "0.2"})
+    evals = lambda: json.loads((run_dir / "last.pt").read_text())["evals"] if (run_dir / "last.pt").exists() else 0  # noqa: E731
+    _wait_for(lambda: evals() >= 5, "five evaluations")
+    first.terminate()
+    assert first.wait(timeout=60) == 130
+    stopped_at = evals()
+    assert 5 <= stopped_at < _fake.NUM_EVALS
+    proc = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "0,", "--workers", "1", launch_log=log)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resume  env_x fake_a seed 0" in proc.stdout and "1 ran, 0 skipped, 0 failed" in proc.stdout
+    (_, second) = launches(log)
+    assert second[-1] == "resume"  # one launch resumed, none restarted
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "ok" and len(record["resumes"]) == 1 and record["resumes"][0]["status"] == "launched"
+    assert "--resume" in record["resume_command"] and "--run-dir" not in record["resume_command"]
+    assert record["command"] == sweep_runner.plan(sweep_runner.parse_args([*cmd[2:]]))[0].command
+    assert record["wall_time_s"] > 5 * 0.2  # both launches
+    final, best = expected_seed("fake_a", 0)
+    seed = load(tmp_path, "fake_a")["per_seed"][0]
+    assert seed["final_eval_return"] == approx6(final) and seed["best_eval_return"] == approx6(best)
+    assert seed["num_evals"] == _fake.NUM_EVALS  # nothing evaluated twice or skipped
+    # Launched again: finished, so skipped.
+    proc = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "0,", "--workers", "1", launch_log=log)
+    assert proc.returncode == 0 and "0 ran, 1 skipped" in proc.stdout and len(launches(log)) == 2
+
+
+def _real_sweep(out: Path, seed: int, extra: str) -> list[str]:
+    """results/run.py on algos/mfq.py (an off-policy script: weights, optimizer, RNG and a replay buffer to keep)."""
+    cmd = [sys.executable, str(RESULTS / "run.py"), "--out", str(out), "--algos", "mfq", "--envs", "simple_spread_v3"]
+    return cmd + ["--seeds", f"{seed},", "--total-timesteps", "3000", "--workers", "1", "--no-readme", "--extra", extra]
+
+
+REAL_FLAGS = "--num-envs 4 --learning-starts 400 --buffer-size 6000 --final-eval-episodes 20 --eval-episodes 2"
+
+
+def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_with_its_replay_buffer(tmp_path):
+    import torch
+
+    run_dir = tmp_path / "runs" / "simple_spread_v3" / "mfq" / "seed0"
+    cmd = _real_sweep(tmp_path, 0, REAL_FLAGS + " --eval-interval 0")
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: (sweep_runner.reached_step(run_dir) or 0) >= 1200, "the run to pass step 1200", timeout=180)
+    first.terminate()
+    assert first.wait(timeout=120) == 130
+    step = sweep_runner.checkpoint_step(run_dir)
+    assert 1200 <= step < 3000 and (run_dir / "replay.npz").exists()
+    ckpt = torch.load(run_dir / "last.pt", weights_only=True)
+    assert ckpt["replay_step"] == step  # the buffer beside it is this stop's
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"resume  simple_spread_v3 mfq seed 0 from step {step:,} of its last.pt, where it stopped" in proc.stdout
+    log = (run_dir / "run.log").read_text()
+    assert re.search(r"resumed with the [1-9]\d* transitions", log) and "done: 3000 steps" in log
+    resumes = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in resumes] == [step] and resumes[0]["changed"] == {}
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
+    assert json.loads((run_dir / "final_eval.json").read_text())["global_step"] == 3000
+    assert json.loads((tmp_path / "simple_spread_v3" / "mfq.json").read_text())["seeds"] == [0]
+
+
+def test_a_real_sweep_killed_with_kill_9_resumes_from_the_last_periodic_checkpoint_and_says_what_was_lost(tmp_path):
+    run_dir = tmp_path / "runs" / "simple_spread_v3" / "mfq" / "seed1"
+    cmd = _real_sweep(tmp_path, 1, REAL_FLAGS + " --eval-interval 1000")  # last.pt at every evaluation
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    saved = lambda: sweep_runner.checkpoint_step(run_dir) or 0  # noqa: E731
+    _wait_for(lambda: saved() >= 1000 and (sweep_runner.reached_step(run_dir) or 0) >= saved() + 300, "a gap")
+    script = int((run_dir / ".lock").read_text())
+    os.kill(script, signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    step, reached = saved(), sweep_runner.reached_step(run_dir)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lost = f"from step {step:,} of its last.pt: it had reached step {reached:,}, so the {reached - step:,} steps"
+    assert lost in proc.stdout
+    log = (run_dir / "run.log").read_text()
+    assert "replay.npz does not exist: the replay buffer refills from scratch" in log and "done: 3000 steps" in log
+    assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["status"] == "launched"
 
 
 def test_a_record_is_never_written_over_another_launch(tmp_path):

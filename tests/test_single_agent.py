@@ -128,6 +128,10 @@ def test_ctrl_c_saves_checkpoint_and_replay_and_resume_trains_at_once(algo, tmp_
     _, out, _ = run_inline(capsys, algo, "--total-timesteps", end, "--eval-interval", 0, "--resume", tmp_path)
     assert re.search(r"resumed with the [1-9]\d* (transitions|episodes)", out), out
     assert [s for s, _ in scalars(tmp_path, LOSS[algo]) if s > stopped]
+    # last.pt is now the end's, newer than the stop's replay.npz (as after a kill -9 past a periodic last.pt): a
+    # further resume must not pair those weights with that older buffer
+    _, out, _ = run_inline(capsys, algo, "--total-timesteps", end + 50, "--eval-interval", 0, "--resume", tmp_path)
+    assert "is not from the stop that wrote last.pt" in out and "resumed with the" not in out
 
 
 def test_nan_loss_stops_with_a_clear_error_and_saves_last_checkpoint(tmp_path, capsys):

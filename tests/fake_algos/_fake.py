@@ -5,12 +5,13 @@ scalars (tensorboard's own event writer: no torch import, so tests stay fast) an
 evaluation return at a step is ``offset + slope * step / total_timesteps + 0.5 * seed``, logged
 at 20 evenly spaced steps; the tests recompute the expected numbers from this formula.
 
-A run also writes ``last.pt`` (JSON here, not torch) holding its final evaluation return; with
+A run also writes ``last.pt`` (JSON here, not torch) after every evaluation, with the evaluations done, and at
+the end with its final evaluation return; ``--resume DIR`` goes on after the evaluations that last.pt counts. With
 ``--eval-checkpoint PATH`` a fake prints the line the real scripts print, "episodic return M ± S over N
 greedy episodes; per group {...}", with M = that return - 1.0 (a final policy measured on more episodes).
 
-With ``FAKE_LAUNCH_LOG`` set, every launch appends "algo env_id seed pid" to that file; ``FAKE_EVAL_SLEEP``
-(seconds) slows each of the 20 evaluations, for tests of sweeps that overlap.
+With ``FAKE_LAUNCH_LOG`` set, every launch appends "algo env_id seed pid" to that file (and " resume" when
+resumed); ``FAKE_EVAL_SLEEP`` (seconds) slows each of the 20 evaluations, for tests of sweeps that overlap.
 """
 
 import argparse
@@ -39,10 +40,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, default=1000)
     parser.add_argument("--run-dir", type=Path)
+    parser.add_argument("--resume", type=Path)
     parser.add_argument("--num-envs", type=int, default=1)
     parser.add_argument("--eval-checkpoint", type=Path)
     parser.add_argument("--eval-episodes", type=int, default=10)
     args = parser.parse_args(argv)
+    if args.resume is not None:
+        args.run_dir = args.resume
     if args.run_dir is None and args.eval_checkpoint is None:
         parser.error("--run-dir is required")
     return args
@@ -65,9 +69,11 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if os.environ.get("FAKE_LAUNCH_LOG"):
         with open(os.environ["FAKE_LAUNCH_LOG"], "a") as f:
-            f.write(f"{algo} {args.env_id} {args.seed} {os.getpid()}\n")
+            f.write(f"{algo} {args.env_id} {args.seed} {os.getpid()}{' resume' if args.resume else ''}\n")
+    done = json.loads((args.run_dir / "last.pt").read_text())["evals"] if args.resume else 0
     config = {**vars(args), "run_dir": str(args.run_dir), "algo": algo, "exp_name": algo}
-    (args.run_dir / "config.json").write_text(json.dumps(config, indent=2))
+    if not args.resume:
+        (args.run_dir / "config.json").write_text(json.dumps(config, indent=2))
     print(f"{algo}: env {args.env_id} seed {args.seed} for {args.total_timesteps} steps")
     writer = EventFileWriter(str(args.run_dir))
 
@@ -75,13 +81,15 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
         writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
 
-    for i in range(1, NUM_EVALS + 1):
+    for i in range(done + 1, NUM_EVALS + 1):
         step = i * args.total_timesteps // NUM_EVALS
         value = eval_return(step, args.total_timesteps, args.seed, offset, slope)
         log("charts/episodic_return", value - 1.0, step)
         log("charts/SPS", 1000.0 + 10 * args.seed, step)
         log("eval/episodic_return", value, step)
         log("eval/episodic_return/agent", value, step)
+        writer.flush()
+        (args.run_dir / "last.pt").write_text(json.dumps({"evals": i}))
         time.sleep(float(os.environ.get("FAKE_EVAL_SLEEP", 0)))
         if fail_after is not None and i >= fail_after:
             writer.close()
@@ -90,5 +98,5 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
     while hang:
         time.sleep(1)
     writer.close()
-    (args.run_dir / "last.pt").write_text(json.dumps({"final_eval_return": value}))
+    (args.run_dir / "last.pt").write_text(json.dumps({"evals": NUM_EVALS, "final_eval_return": value}))
     (args.run_dir / "DONE").write_text("")
