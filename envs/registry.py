@@ -9,6 +9,9 @@ import path:
   `combined_arms_v6`, `battlefield_v5`. `map_size` (where the env has one) and `max_cycles` pass through.
 * PettingZoo Butterfly: `cooperative_pong_v6`, `knights_archers_zombies_v11`, `pistonball_v6`
   (the last needs `pymunk`; an id whose package is missing fails with an `EnvNotAvailableError`).
+* Level-Based Foraging (`lbforaging`) and the Multi-Robot Warehouse (`rware`), Gymnasium multi-agent
+  packages, by the EPyMARL benchmark's task names: `Foraging-2s-8x8-2p-2f-coop`, ..., `rware-tiny-2ag`, ...
+  (envs/foraging.py, envs/warehouse.py; `max_cycles` passes through). Their time limit is a truncation.
 * `"package.module:function"`: any function returning a PettingZoo `ParallelEnv` (an AEC env is
   converted with PettingZoo's `aec_to_parallel`). It is called with the env kwargs as given.
 
@@ -42,10 +45,11 @@ class EnvNotAvailableError(ImportError):
 class EnvEntry:
     """How to build one registered env: the module whose `parallel_env` makes it, and its quirks."""
 
-    family: str  # "mpe", "magent" or "butterfly"
+    family: str  # "mpe", "magent", "butterfly", "lbf" or "rware"
     module: str  # import path of the module with a `parallel_env(**kwargs)` function
     min_map_size: int | None = None  # smallest map_size with at least one agent of every team
     state_from_obs: bool = False  # the env's state() is exactly the concatenated observations
+    task: str | None = None  # passed as `task=` to `parallel_env`: one module builds many ids (LBF, RWARE)
 
 
 _MPE = [
@@ -73,6 +77,9 @@ _MAGENT = {
     "battlefield_v5": 46,
 }
 _BUTTERFLY = ["cooperative_pong_v6", "knights_archers_zombies_v11", "pistonball_v6"]
+_LBF = ["Foraging-8x8-2p-2f-coop", "Foraging-2s-8x8-2p-2f-coop", "Foraging-10x10-3p-3f", "Foraging-2s-10x10-3p-3f",
+        "Foraging-15x15-3p-5f", "Foraging-15x15-4p-3f", "Foraging-15x15-4p-5f"]  # fmt: skip
+_RWARE = ["rware-tiny-2ag", "rware-tiny-4ag", "rware-small-4ag"]
 # PettingZoo >= 1.27 deprecates importing `pettingzoo.butterfly.<id>`; its own registry points at
 # the implementation modules, and so do we.
 
@@ -85,11 +92,14 @@ REGISTRY: dict[str, EnvEntry] = {
         name: EnvEntry("butterfly", f"pettingzoo.butterfly.{base}.{base}")
         for name, base in ((name, name.rsplit("_v", 1)[0]) for name in _BUTTERFLY)
     },
+    # neither has a state(): the state is the concatenated observations, as EPyMARL builds it
+    **{name: EnvEntry("lbf", "envs.foraging", state_from_obs=True, task=name) for name in _LBF},
+    **{name: EnvEntry("rware", "envs.warehouse", state_from_obs=True, task=name) for name in _RWARE},
 }
 
 
 def known_ids() -> list[str]:
-    """Every registered env id, grouped by family (MPE, MAgent2, Butterfly)."""
+    """Every registered env id, grouped by family (MPE, MAgent2, Butterfly, LBF, RWARE)."""
     return list(REGISTRY)
 
 
@@ -149,6 +159,8 @@ def build_parallel_env(env_id: str, **env_kwargs):
     module = _import_env_module(entry.module, env_id)
     kwargs = {"render_mode": "rgb_array", **env_kwargs}
     accepted = _accepted_kwargs(module)
+    if entry.task is not None:  # the id names the task: not an argument of its own
+        accepted = None if accepted is None else accepted - {"task"}
     if accepted is not None:
         unexpected = sorted(set(kwargs) - accepted)
         if unexpected:
@@ -156,6 +168,8 @@ def build_parallel_env(env_id: str, **env_kwargs):
                 f"{env_id} got unexpected argument(s) {', '.join(unexpected)}; "
                 f"it accepts: {', '.join(sorted(accepted))}"
             )
+    if entry.task is not None:
+        kwargs["task"] = entry.task
     size = kwargs.get("map_size")
     if entry.min_map_size is not None and size is not None and size < entry.min_map_size:
         raise EnvArgumentError(f"{env_id} needs map_size >= {entry.min_map_size}, got {size}")

@@ -1,0 +1,45 @@
+"""Level-Based Foraging (lbforaging 2.0.0, its envs' version v3) by task name, e.g. `Foraging-2s-8x8-2p-2f-coop`.
+
+A task name reads as lbforaging registers its ids (without the `-v3`): `Foraging[-2s]-<S>x<S>-<P>p-<F>f[-coop]`,
+a field of S x S cells, P players of level 1 or 2, F foods whose level is at most the sum of the three lowest
+player levels (`-coop`: exactly that, so that every food needs every player), sight 2 with `-2s` (else the whole
+field), 50 steps. lbforaging registers at most 4 foods; the same formula builds the benchmark's `-5f` tasks.
+"""
+
+from __future__ import annotations
+
+import re
+
+from envs.gym_multiagent import TupleParallelEnv
+
+TASK = re.compile(r"Foraging(?P<po>-2s)?-(?P<size>\d+)x(?P=size)-(?P<players>\d+)p-(?P<foods>\d+)f(?P<coop>-coop)?")
+# the EPyMARL benchmark's tasks (Papoudakis et al. 2021)
+TASKS = (
+    "Foraging-8x8-2p-2f-coop",
+    "Foraging-2s-8x8-2p-2f-coop",
+    "Foraging-10x10-3p-3f",
+    "Foraging-2s-10x10-3p-3f",
+    "Foraging-15x15-3p-5f",
+    "Foraging-15x15-4p-3f",
+    "Foraging-15x15-4p-5f",
+)
+
+
+def task_kwargs(task: str) -> dict:
+    """lbforaging's ForagingEnv arguments for a task name (its registration's formula)."""
+    match = TASK.fullmatch(task)
+    if match is None:
+        raise ValueError(f"{task!r} is not a Level-Based Foraging task name such as Foraging-2s-8x8-2p-2f-coop")
+    size = int(match["size"])
+    return dict(players=int(match["players"]), min_player_level=1, max_player_level=2, field_size=(size, size),
+                min_food_level=1, max_food_level=None, max_num_food=int(match["foods"]),
+                sight=2 if match["po"] else size, force_coop=bool(match["coop"]), grid_observation=False,
+                penalty=0.0)  # fmt: skip
+
+
+def parallel_env(task: str, max_cycles: int = 50, render_mode: str | None = None) -> TupleParallelEnv:
+    """One LBF env; an episode terminates when every food is collected and is truncated at `max_cycles`."""
+    from lbforaging.foraging.environment import ForagingEnv
+
+    env = ForagingEnv(**task_kwargs(task), max_episode_steps=max_cycles)
+    return TupleParallelEnv(env, max_cycles, lambda e: e.field.sum() == 0, task, render_mode)

@@ -1,0 +1,31 @@
+"""The Multi-Robot Warehouse (rware 2.0.0, its envs' version v2) by task name, e.g. `rware-tiny-2ag`.
+
+A task is rware's registered id without the `-v2`: `rware-<size>-<N>ag[-easy|-hard]` with its arguments (8-cell
+columns, sensor range 1, no messages, a request queue of N x the difficulty, individual rewards of 1 per delivery),
+and 500 steps. Every episode of these tasks ends at the time limit: a truncation.
+"""
+
+from __future__ import annotations
+
+from envs.gym_multiagent import TupleParallelEnv
+
+TASKS = ("rware-tiny-2ag", "rware-tiny-4ag", "rware-small-4ag")
+
+
+def task_kwargs(task: str) -> dict:
+    """rware's Warehouse arguments for a task name (its own registration)."""
+    import gymnasium
+    import rware  # noqa: F401  (registers the ids)
+
+    try:
+        return dict(gymnasium.spec(f"{task}-v2").kwargs)
+    except gymnasium.error.Error:
+        raise ValueError(f"{task!r} is not a Multi-Robot Warehouse task name such as rware-tiny-2ag") from None
+
+
+def parallel_env(task: str, max_cycles: int = 500, render_mode: str | None = None) -> TupleParallelEnv:
+    """One RWARE env; an episode is truncated at `max_cycles` (rware's max_inactivity_steps stays off)."""
+    from rware.warehouse import Warehouse
+
+    env = Warehouse(**{**task_kwargs(task), "max_steps": max_cycles})
+    return TupleParallelEnv(env, max_cycles, lambda e: False, task, render_mode)

@@ -1,0 +1,97 @@
+"""Level-Based Foraging and the Multi-Robot Warehouse behind our interface (envs/gym_multiagent.py, foraging.py,
+warehouse.py): the benchmark's tasks build, each step is the package's own, the time limit is a truncation."""
+
+import gymnasium
+import numpy as np
+import pytest
+from pettingzoo.test import parallel_api_test
+from script_runs import run_inline
+
+import envs
+from envs import foraging, warehouse
+from envs.registry import EnvArgumentError, build_parallel_env
+
+TASKS = [*foraging.TASKS, *warehouse.TASKS]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_benchmark_task_builds_one_team_and_passes_the_parallel_api_test(task):
+    env = envs.make(task, 2, 0)
+    ((name, spec),) = env.groups.items()
+    if task.startswith("Foraging"):
+        players, foods = (int(x) for x in foraging.TASK.fullmatch(task).group("players", "foods"))
+        assert (spec.n_agents, spec.obs_shape, spec.action_dim) == (players, (3 * (foods + players),), 6)
+    else:
+        assert spec.action_dim == 5 and spec.n_agents == int(task.split("-")[-1][:-2])
+    assert name == "agent" and env.state_shape == (spec.n_agents * spec.obs_shape[0],)
+    env.close()
+    parallel_api_test(build_parallel_env(task), num_cycles=60)
+
+
+def _package_env(task):
+    if task.startswith("Foraging"):
+        import lbforaging  # noqa: F401
+
+        return gymnasium.make(f"{task}-v3").unwrapped
+    import rware  # noqa: F401
+
+    return gymnasium.make(f"{task}-v2").unwrapped
+
+
+@pytest.mark.parametrize("task", ["Foraging-2s-10x10-3p-3f", "Foraging-10x10-3p-3f", "rware-tiny-2ag"])
+def test_every_step_is_the_packages_own_and_the_time_limit_is_a_truncation(task):
+    ours, theirs = build_parallel_env(task), _package_env(task)
+    rng = np.random.default_rng(0)
+    for episode in range(3 if task.startswith("Foraging") else 1):
+        obs, _ = ours.reset(seed=episode)
+        ref, _ = theirs.reset(seed=episode)
+        for t in range(1, 1000):
+            assert all(np.array_equal(obs[a], np.asarray(r, np.float32)) for a, r in zip(ours.agents, ref, strict=True))
+            actions = {a: int(rng.integers(ours.action_space(a).n)) for a in ours.agents}
+            obs, rewards, terminated, truncated, _ = ours.step(actions)
+            ref, ref_rewards, done, _, _ = theirs.step([actions[a] for a in actions])
+            assert list(rewards.values()) == [float(r) for r in ref_rewards]
+            ended = next(iter(terminated.values())) or next(iter(truncated.values()))
+            assert ended == done
+            if done:
+                cleared = task.startswith("Foraging") and theirs.field.sum() == 0
+                assert next(iter(terminated.values())) == cleared and next(iter(truncated.values())) == (not cleared)
+                assert cleared or t == ours.max_cycles
+                break
+
+
+def test_collecting_every_food_terminates_and_the_time_limit_truncates():
+    env = build_parallel_env("Foraging-8x8-2p-2f-coop", max_cycles=5)
+    env.reset(seed=0)
+    lbf = env.env
+    lbf.field[:] = 0
+    lbf.field[3, 3] = 2  # one food, the two level-1 players beside it
+    for player, cell in zip(lbf.players, [(3, 2), (3, 4)], strict=True):
+        player.position, player.level = cell, 1
+    lbf._food_spawned = 2.0
+    lbf._gen_valid_moves()
+    _, rewards, terminated, truncated, _ = env.step({"agent_0": 5, "agent_1": 5})  # both load
+    assert sum(rewards.values()) == pytest.approx(1.0)  # the team's total is 1 when all food is collected
+    assert all(terminated.values()) and not any(truncated.values()) and env.agents == []
+    env.reset(seed=0)
+    for _ in range(5):
+        _, _, terminated, truncated, _ = env.step({a: 0 for a in env.agents})
+    assert all(truncated.values()) and not any(terminated.values())
+
+
+def test_an_argument_the_task_does_not_take_is_refused_by_name_and_max_cycles_passes_through():
+    with pytest.raises(EnvArgumentError, match="unexpected argument.*task.*accepts: max_cycles, render_mode"):
+        envs.make("rware-tiny-2ag", 1, 0, task="rware-tiny-4ag")
+    assert build_parallel_env("rware-tiny-2ag", max_cycles=7).env.max_steps == 7
+    with pytest.raises(ValueError, match="not a Level-Based Foraging task name"):
+        foraging.task_kwargs("Foraging-8x9-2p-2f")
+
+
+@pytest.mark.parametrize("algo", ["ippo", "qmix"])
+def test_a_script_trains_on_foraging_and_evaluates_on_the_package(algo, tmp_path, capsys):
+    flags = ["--env-id", "Foraging-2s-8x8-2p-2f-coop", "--num-envs", 2, "--total-timesteps", 400, "--eval-interval",
+             200, "--eval-episodes", 2, "--final-eval-episodes", 4, "--run-dir", tmp_path]  # fmt: skip
+    if algo == "qmix":
+        flags += ["--learning-starts", 100, "--batch-size", 4]
+    _, out, _ = run_inline(capsys, algo, *flags)
+    assert "done: 400 steps" in out and (tmp_path / "final_eval.json").exists()
