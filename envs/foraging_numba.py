@@ -68,7 +68,7 @@ def new_worlds(task: Task, num_envs: int) -> Worlds:
 # --- reset ---------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _held(pos, e, row, col, skip):
     """Whether a player other than `skip` holds (row, col) (a player not yet placed: its previous cell)."""
     for q in range(pos.shape[1]):
@@ -77,7 +77,7 @@ def _held(pos, e, row, col, skip):
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _food_near(field, e, row, col):
     """The package's spawn test: food in the 3 x 3 block around (row, col), or within 2 cells in its row or column."""
     S = field.shape[1]
@@ -124,7 +124,7 @@ def reset_env(task, w, e):
 # --- step ----------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _valid(w, e, p, action):
     """lbforaging's _is_valid_action in the current state."""
     S = w.field.shape[1]
@@ -144,7 +144,7 @@ def _valid(w, e, p, action):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _food_beside(w, e, row, col):
     """lbforaging's adjacent_food_location, with its bounds as written (north needs row > 1, west col > 1)."""
     S, f = w.field.shape[1], w.field
@@ -159,12 +159,10 @@ def _food_beside(w, e, row, col):
     return -1, -1
 
 
-@njit(cache=True)
-def step_env(task, w, e, actions, rewards):
-    """One step of env e: actions (P,) -> rewards (P,); returns whether the field is empty."""
+@njit(cache=True, inline="always")
+def step_env(task, w, e, actions, rewards, act, target, done):
+    """One step of env e: actions (P,) -> rewards (P,), with scratch arrays act (P,), target (P, 2) and done (P,)."""
     P = task.players
-    act = np.empty(P, np.int64)
-    target = np.empty((P, 2), np.int64)
     for p in range(P):
         act[p] = actions[p] if _valid(w, e, p, actions[p]) else NONE
         row, col = w.pos[e, p, 0], w.pos[e, p, 1]
@@ -181,7 +179,7 @@ def step_env(task, w, e, actions, rewards):
         if alone:
             w.pos[e, p, 0], w.pos[e, p, 1] = target[p, 0], target[p, 1]
     # loading: the players beside each food load it together
-    done = np.zeros(P, np.bool_)
+    done[:] = False
     for p in range(P):
         if act[p] != LOAD or done[p]:
             continue
@@ -201,28 +199,31 @@ def step_env(task, w, e, actions, rewards):
                 rewards[q] = float(w.level[e, q] * food) / float(total * w.spawned[e])
         w.field[e, frow, fcol] = 0
     w.steps[e] += 1
-    return w.field[e].sum() == 0
 
 
-@njit(cache=True)
-def observe_env(task, w, e, out):
-    """Every player's observation vector of env e into out (P * (3F + 3P),)."""
+@njit(cache=True, inline="always")
+def observe_env(task, w, e, out, food):
+    """Every player's observation vector of env e into out (P * (3F + 3P),), with a scratch array food (F, 3);
+    returns how many foods are left on the field."""
     S, P, F, s = task.size, task.players, task.foods, task.sight
+    n = 0  # the foods in row-major order: the order in which a sight window lists them
+    for r in range(S):
+        for c in range(S):
+            if w.field[e, r, c] > 0:
+                food[n, 0], food[n, 1], food[n, 2] = r, c, w.field[e, r, c]
+                n += 1
     width = 3 * (F + P)
-    out[:] = 0.0
     for p in range(P):
         o = p * width
         for k in range(F + P):
-            out[o + 3 * k] = -1.0
-            out[o + 3 * k + 1] = -1.0
+            out[o + 3 * k], out[o + 3 * k + 1], out[o + 3 * k + 2] = -1.0, -1.0, 0.0
         row, col = w.pos[e, p, 0], w.pos[e, p, 1]
         r0, c0 = row - min(s, row), col - min(s, col)  # the sight window's corner
-        k = 0
-        for r in range(r0, min(row + s + 1, S)):
-            for c in range(c0, min(col + s + 1, S)):
-                if w.field[e, r, c] > 0:
-                    out[o + 3 * k], out[o + 3 * k + 1], out[o + 3 * k + 2] = r - r0, c - c0, w.field[e, r, c]
-                    k += 1
+        k = o
+        for i in range(n):
+            if r0 <= food[i, 0] <= row + s and c0 <= food[i, 1] <= col + s:
+                out[k], out[k + 1], out[k + 2] = food[i, 0] - r0, food[i, 1] - c0, food[i, 2]
+                k += 3
         k = o + 3 * F
         for i in range(-1, P):  # itself first, then the others in order
             q = p if i < 0 else i
@@ -232,29 +233,41 @@ def observe_env(task, w, e, out):
             if min(y, x) >= 0 and max(y, x) <= 2 * s:
                 out[k], out[k + 1], out[k + 2] = y, x, w.level[e, q]
                 k += 3
+    return n
 
 
 @njit(cache=True)
 def step_envs(task, w, actions, autoreset, obs, final, rewards, terminated, truncated, ep_return, ep_length):
     """Step all envs; an env whose episode ended writes its last observations to `final` and resets."""
+    P = task.players
+    act, target, done = np.empty(P, np.int64), np.empty((P, 2), np.int64), np.empty(P, np.bool_)
+    food = np.empty((task.foods, 3), np.int64)
     for e in range(actions.shape[0]):
-        cleared = step_env(task, w, e, actions[e], rewards[e])
+        step_env(task, w, e, actions[e], rewards[e], act, target, done)
+        cleared = observe_env(task, w, e, obs[e], food) == 0
         truncated[e] = not cleared and w.steps[e] >= task.max_steps
         terminated[e, :] = cleared
         ep_return[e] += rewards[e]
         ep_length[e] += 1
-        observe_env(task, w, e, obs[e])
         if autoreset and (cleared or truncated[e]):
             final[e] = obs[e]
             reset_env(task, w, e)
-            observe_env(task, w, e, obs[e])
+            observe_env(task, w, e, obs[e], food)
 
 
 @njit(cache=True)
 def reset_envs(task, w, obs):
+    food = np.empty((task.foods, 3), np.int64)
     for e in range(obs.shape[0]):
         reset_env(task, w, e)
-        observe_env(task, w, e, obs[e])
+        observe_env(task, w, e, obs[e], food)
+
+
+@njit(cache=True)
+def observe_envs(task, w, obs):
+    food = np.empty((task.foods, 3), np.int64)
+    for e in range(obs.shape[0]):
+        observe_env(task, w, e, obs[e], food)
 
 
 # --- the VecEnv ----------------------------------------------------------------------------------------------------
@@ -338,8 +351,7 @@ class ForagingVecEnv(VecEnv):
 
     def observe(self) -> Observation:
         obs = np.empty((self.num_envs, *self.state_shape), np.float32)
-        for e in range(self.num_envs):
-            observe_env(self.task, self.worlds, e, obs[e])
+        observe_envs(self.task, self.worlds, obs)
         return self._observation(obs)
 
     def _observation(self, obs: np.ndarray) -> Observation:
