@@ -12,6 +12,8 @@ import path:
 * Level-Based Foraging (`lbforaging`) and the Multi-Robot Warehouse (`rware`), Gymnasium multi-agent
   packages, by the EPyMARL benchmark's task names: `Foraging-2s-8x8-2p-2f-coop`, ..., `rware-tiny-2ag`, ...
   (envs/foraging.py, envs/warehouse.py; `max_cycles` passes through). Their time limit is a truncation.
+* Cooperative matrix games (envs/matrix_games.py): `matrix_qtran`, `matrix_climbing`, `matrix_penalty`
+  (`episode_length` for the repeated game, `k` for the penalty game's penalty).
 * `"package.module:function"`: any function returning a PettingZoo `ParallelEnv` (an AEC env is
   converted with PettingZoo's `aec_to_parallel`). It is called with the env kwargs as given.
 
@@ -45,7 +47,7 @@ class EnvNotAvailableError(ImportError):
 class EnvEntry:
     """How to build one registered env: the module whose `parallel_env` makes it, and its quirks."""
 
-    family: str  # "mpe", "magent", "butterfly", "lbf" or "rware"
+    family: str  # "mpe", "magent", "butterfly", "lbf", "rware" or "matrix"
     module: str  # import path of the module with a `parallel_env(**kwargs)` function
     min_map_size: int | None = None  # smallest map_size with at least one agent of every team
     state_from_obs: bool = False  # the env's state() is exactly the concatenated observations
@@ -80,6 +82,7 @@ _BUTTERFLY = ["cooperative_pong_v6", "knights_archers_zombies_v11", "pistonball_
 _LBF = ["Foraging-8x8-2p-2f-coop", "Foraging-2s-8x8-2p-2f-coop", "Foraging-10x10-3p-3f", "Foraging-2s-10x10-3p-3f",
         "Foraging-15x15-3p-5f", "Foraging-15x15-4p-3f", "Foraging-15x15-4p-5f"]  # fmt: skip
 _RWARE = ["rware-tiny-2ag", "rware-tiny-4ag", "rware-small-4ag"]
+_MATRIX = ["matrix_qtran", "matrix_climbing", "matrix_penalty"]
 # PettingZoo >= 1.27 deprecates importing `pettingzoo.butterfly.<id>`; its own registry points at
 # the implementation modules, and so do we.
 
@@ -95,6 +98,7 @@ REGISTRY: dict[str, EnvEntry] = {
     # neither has a state(): the state is the concatenated observations, as EPyMARL builds it
     **{name: EnvEntry("lbf", "envs.foraging", state_from_obs=True, task=name) for name in _LBF},
     **{name: EnvEntry("rware", "envs.warehouse", state_from_obs=True, task=name) for name in _RWARE},
+    **{name: EnvEntry("matrix", "envs.matrix_games", state_from_obs=True, task=name) for name in _MATRIX},
 }
 
 
