@@ -195,12 +195,36 @@ def setup(args):
     if numba.config.DISABLE_JIT:  # every @njit function then runs as the plain Python it reads as
         warnings.warn("NUMBA_DISABLE_JIT is set: the compiled kernels (Numba MPE, GAE, the GRU, acting) run as plain "
                       "Python, with the same results, many times slower; unset it for speed", stacklevel=2)  # fmt: skip
+    elif cold := uncompiled_kernels(getattr(args, "env_id", "")):
+        when = "about a minute on 2 cores before the first step; later runs load them from Numba's cache"
+        print(f"compiling the Numba kernels of {', '.join(cold)} once for this install: {when}", flush=True)
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     return torch.device("cuda" if args.cuda else "cpu"), np.random.default_rng(args.seed)
+
+
+def uncompiled_kernels(env_id: str, root: str | None = None) -> list[str]:
+    """The kernel modules a run of `env_id` compiles that Numba's cache (beside each module, in __pycache__) does not
+    hold yet: a fresh install's first run. [] where the cache is elsewhere (NUMBA_CACHE_DIR): it cannot tell."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return []
+    from envs.registry import REGISTRY
+
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    modules = {"buffers/kernels.py": "the buffers"}
+    if env_id in REGISTRY and REGISTRY[env_id].family == "mpe":
+        modules["envs/mpe/kernels.py"] = "the MPE physics"
+    cold = []
+    for module, name in modules.items():
+        folder, stem = os.path.split(os.path.join(root, module))
+        cache = os.path.join(folder, "__pycache__")
+        files = os.listdir(cache) if os.path.isdir(cache) else []
+        if not any(f.startswith(stem[:-3] + ".") and f.endswith(".nbi") for f in files):
+            cold.append(name)
+    return cold
 
 
 def env_kwargs(args) -> dict:

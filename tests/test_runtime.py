@@ -534,3 +534,19 @@ def test_freed_memory_is_kept_for_reuse_instead_of_page_faulted_in_again():
     assert applied and not skipped and not respected and not tuned
     assert default > 100_000  # under glibc's defaults: mapped afresh each time, 64 MB of 4 kB pages faulted in
     assert kept < default / 100  # kept: the heap's block reused
+
+
+def test_a_fresh_install_is_told_that_the_kernels_compile_once_and_a_warm_one_is_not(tmp_path, monkeypatch):
+    from runtime.args import uncompiled_kernels
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    for module in ("buffers", "envs/mpe"):
+        (tmp_path / module / "__pycache__").mkdir(parents=True)
+    assert uncompiled_kernels("simple_spread_v3", str(tmp_path)) == ["the buffers", "the MPE physics"]
+    assert uncompiled_kernels("battle_v4", str(tmp_path)) == ["the buffers"]
+    (tmp_path / "buffers" / "__pycache__" / "kernels._gae-18.py311.nbi").touch()
+    (tmp_path / "envs" / "mpe" / "__pycache__" / "kernels.step_envs-9.py311.nbi").touch()
+    assert uncompiled_kernels("simple_spread_v3", str(tmp_path)) == []
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # a cache elsewhere: it cannot tell, so it says nothing
+    (tmp_path / "buffers" / "__pycache__" / "kernels._gae-18.py311.nbi").unlink()
+    assert uncompiled_kernels("simple_spread_v3", str(tmp_path)) == []
