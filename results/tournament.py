@@ -7,8 +7,10 @@ and how sure we are.
 
 * Every ordered pair (A, B), A != B, plays `--battles` battles with A as the env's first group (red) and B as the
   second (blue), so each pair meets on both sides. Battle i of every pair starts from env seed `--seed + i`: pairs
-  meet on the same start states. Players act greedily (`--sample`: they sample), through the `actor()` of the
-  script that wrote their checkpoint (runtime.opponents), on the env the checkpoints were trained on.
+  meet on the same start states. Players act greedily, or sample their actions (`--sample`: every player;
+  `--sample-scripts mfac,ippo`: the players of those scripts, e.g. the actor-critics, as the mean-field paper's
+  battles let MF-AC sample and MF-Q act greedily), through the `actor()` of the script that wrote their
+  checkpoint (runtime.opponents), on the env the checkpoints were trained on.
 * A battle is won by the team with more agents alive at its end, drawn if equal. Kills are the opposing agents
   that died. A battle that ends because a team was wiped out flags every agent (MAgent2), so there the survivors
   are those alive before the last step, and the team with fewer of them (or, if equal, the lower reward in that
@@ -170,6 +172,8 @@ def main(argv=None):
     parser.add_argument("--backend", default="auto", help="env backend (auto: native for MAgent2)")
     parser.add_argument("--env-kwargs", default="{}", help="env keyword arguments as JSON, e.g. '{\"map_size\": 45}'")
     parser.add_argument("--sample", action="store_true", help="players sample their actions (default: greedy)")
+    parser.add_argument("--sample-scripts", default="", help="comma-separated scripts whose players sample their "
+                        "actions, the others acting greedily (e.g. mfac,ippo,mappo)")  # fmt: skip
     parser.add_argument("--out", default=None, help="output directory (default results/<env>/)")
     parser.add_argument("--workers", type=int, default=1, help="pairs played side by side, one process each")
     parser.add_argument("--keep", type=Path, default=None, help="copy each checkpoint player (no optimizer states) to "
@@ -189,9 +193,12 @@ def main(argv=None):
         probe.close()
         if len(sides) != 2:
             raise ValueError(f"{args.env_id} has the groups {sides}: a tournament needs two teams")
+        scripts = {name: script_of(path) for name, (path, _) in players.items()}
+        sampled = sorted(a for a in args.sample_scripts.split(",") if a)
+        args.samples = {name: args.sample or script in sampled for name, script in scripts.items()}
         for name in players:  # every player must fit both sides before any battle
             for side in sides:
-                maker(players, name, groups[side], side, args.env_id, args.sample)
+                maker(players, name, groups[side], side, args.env_id, args.samples[name])
     except (ValueError, ImportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -200,7 +207,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     digests = {name: sha256(path) for name, (path, _) in players.items()}
     settings = dict(env_id=args.env_id, battles=args.battles, seed=args.seed, backend=args.backend, env_kwargs=kwargs,
-                    sample=args.sample)  # fmt: skip
+                    sample=args.sample, sample_scripts=sampled)  # fmt: skip
     keys = {(a, b): pair_key(settings, players[a], players[b], digests[a], digests[b]) for a in names for b in names}
     outcomes = reusable(out, keys)
     todo = [(a, b) for a in names for b in names if a != b and f"{a} vs {b}" not in outcomes]
@@ -218,12 +225,12 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     outcomes = {f"{a} vs {b}": outcomes[f"{a} vs {b}"] for a in names for b in names if a != b}  # in order
-    scripts = {name: script_of(path) for name, (path, _) in players.items()}
     report = tables(names, sides, outcomes, args, scripts)
     command = "python results/tournament.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     record = dict(env_id=args.env_id, commit=commit(), sides=sides, players={k: v[0] for k, v in players.items()},
                   scripts=scripts, sha256=digests, battles=args.battles, seed=args.seed, env_kwargs=kwargs,
-                  backend=args.backend, sample=args.sample, command=command, seconds=round(time.time() - start, 1),
+                  backend=args.backend, sample=args.sample, sampling=args.samples,
+                  command=command, seconds=round(time.time() - start, 1),
                   pair_keys={f"{a} vs {b}": keys[a, b] for a in names for b in names if a != b}, outcomes=outcomes,
                   columns=[f"{g} {k}" for k in ("alive", "kills", "return") for g in sides])  # fmt: skip
     (out / "tournament.json").write_text(json.dumps(record) + "\n")
@@ -292,8 +299,8 @@ def play_pair(task: dict, a: str, b: str) -> tuple[tuple[str, str], list]:
     """The battles of one ordered pair, in this process (one torch thread: the workers run side by side)."""
     torch.set_num_threads(1)
     args, players, groups, sides = task["args"], task["players"], task["groups"], task["sides"]
-    red = maker(players, a, groups[sides[0]], sides[0], args["env_id"], args["sample"])
-    blue = maker(players, b, groups[sides[1]], sides[1], args["env_id"], args["sample"])
+    red = maker(players, a, groups[sides[0]], sides[0], args["env_id"], args["samples"][a])
+    blue = maker(players, b, groups[sides[1]], sides[1], args["env_id"], args["samples"][b])
     make_env = lambda n, seed: envs.make(args["env_id"], n, seed, backend=args["backend"], **task["kwargs"])  # noqa: E731
     return (a, b), battles(make_env, sides, red, blue, args["battles"], args["seed"], args["num_envs"])
 

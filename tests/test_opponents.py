@@ -273,7 +273,7 @@ def test_a_tournament_launched_again_reuses_its_pairs_and_plays_only_a_new_playe
     other = tmp_path / "other.pt"
     shutil.copy(checkpoints / "mappo" / "last.pt", other)
     key = tournament.pair_key(dict(env_id="simple_adversary_v3", battles=2, seed=20_000, backend="pettingzoo",
-                                   env_kwargs={}, sample=False), (str(other), None), (None, None),
+                                   env_kwargs={}, sample=False, sample_scripts=[]), (str(other), None), (None, None),
                               tournament.sha256(str(other)), None)  # fmt: skip
     rows = [[1, 2, 0, 0, 0.0, 0.0]] * 2
     (tmp_path / tournament.PARTIAL).write_text(json.dumps({"pair": "o vs random", "key": key, "rows": rows}) + "\n{cut")
@@ -296,6 +296,18 @@ def test_a_kept_policy_plays_as_its_checkpoint(checkpoints, tmp_path, capsys):
         assert tournament.main([str(f) for f in [*flags, "--runs", source, "--out", tmp_path / out]]) == 0
     a, b = (json.loads((tmp_path / d / "tournament.json").read_text()) for d in ("a", "b"))
     assert a["outcomes"] == b["outcomes"] and list(a["players"]) == list(b["players"]) == ["mappo/mappo", "random"]
+
+
+def test_sample_scripts_lets_only_those_scripts_players_sample(checkpoints, tmp_path, monkeypatch):
+    asked = []  # the greedy flag of every actor built
+    real = tournament.load_actor
+    monkeypatch.setattr(tournament, "load_actor", lambda *a, greedy: asked.append(greedy) or real(*a, greedy=greedy))
+    mappo = f"m={checkpoints / 'mappo' / 'last.pt'}"
+    flags = ["--env", "simple_adversary_v3", "--backend", "pettingzoo", "--battles", 2, "--num-envs", 2, "--out",
+             tmp_path, "--player", mappo, "--random", "--sample-scripts", "mappo"]  # fmt: skip
+    assert tournament.main([str(f) for f in flags]) == 0
+    assert asked and not any(asked)  # the MAPPO player sampled on every side, in every pair
+    assert json.loads((tmp_path / "tournament.json").read_text())["sampling"] == {"m": True, "random": False}
 
 
 def test_tournament_workers_play_the_same_battles(checkpoints, tmp_path):
