@@ -122,7 +122,8 @@ def markdown(report: dict) -> str:
         "# Level-Based Foraging: the Numba port against the package and Jumanji",
         "",
         f"Measured {report['date']} on {report['machine']['cpu']} ({report['machine']['logical_cores']} cores), one "
-        f"core, versions {report['versions']}. Regenerate: `{report['command']}`.",
+        f"core, versions {report['versions']}, load average {', '.join(f'{x:.1f}' for x in report['load_average'])} "
+        f"at the end (another process ran on the other core). Regenerate: `{report['command']}`.",
         "",
         "env-steps/s (one env advancing one step), random actions drawn beforehand, 50-step episodes with resets; the "
         "best of the timed rounds. Ours and the package step the same rules bit for bit "
