@@ -230,10 +230,10 @@ def make(
         vector: `"sync"` steps the envs one after another in this process; `"subproc"` steps them
             in worker processes (each holding a block of envs) and moves observations through
             shared memory. Both give identical trajectories. Ignored by the numba backend.
-        backend: `"pettingzoo"`, `"numba"` to delegate MPE ids to `envs.mpe.make_vec` and Level-Based Foraging ids
-            to `envs.foraging_numba`, `"native"` to step MAgent2 ids through their engine's team handles
-            (`envs.magent_native`; the same numbers, bit for bit), or `"auto"`: numba for the MPE and LBF ids it
-            implements, native for MAgent2 ids, pettingzoo for every other id.
+        backend: `"pettingzoo"`, `"numba"` to delegate MPE ids to `envs.mpe.make_vec`, Level-Based Foraging ids
+            to `envs.foraging_numba` and RWARE ids to `envs.warehouse_numba`, `"native"` to step MAgent2 ids through
+            their engine's team handles (`envs.magent_native`; the same numbers, bit for bit), or `"auto"`: numba for
+            the MPE, LBF and RWARE ids it implements, native for MAgent2 ids, pettingzoo for every other id.
         num_workers: `"subproc"` only: the worker processes (default: one per CPU, at most E).
         **env_kwargs: passed to the env constructor (e.g. `N=5`, `max_cycles=50`, `map_size=20`,
             `continuous_actions=True`).
@@ -247,14 +247,14 @@ def make(
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     magent = env_id in REGISTRY and REGISTRY[env_id].family == "magent"
-    lbf = env_id in REGISTRY and REGISTRY[env_id].family == "lbf"
+    family = REGISTRY[env_id].family if env_id in REGISTRY else None
     if backend == "auto":
-        backend = "numba" if env_id in _numba_ids() or lbf else "native" if magent else "pettingzoo"
-    if backend == "numba" and lbf:
-        from envs.foraging_numba import make_vec
-
+        ported = env_id in _numba_ids() or family in ("lbf", "rware")
+        backend = "numba" if ported else "native" if magent else "pettingzoo"
+    if backend == "numba" and family in ("lbf", "rware"):
+        module = importlib.import_module("envs.foraging_numba" if family == "lbf" else "envs.warehouse_numba")
         try:
-            return make_vec(env_id, num_envs, seed, **env_kwargs)
+            return module.make_vec(env_id, num_envs, seed, **env_kwargs)
         except TypeError as err:
             raise EnvArgumentError(str(err)) from None
     if backend == "numba":
