@@ -126,53 +126,52 @@ def _pyset_size(minused):
 
 
 @njit(cache=True)
-def _pyset_table(order, hashes):
-    """The slot table (key index or -1) of a set built by adding keys `order` in turn: CPython's probing and its
-    resizes (at 3/5 full, to the smallest power of 2 above 4x the keys)."""
-    table = np.full(8, -1, np.int64)
-    mask = 7
+def _pyset_table(order, hashes, buf):
+    """The slot table (key or -1) of a set built by adding the keys `order` in turn, with CPython's probing and its
+    resizes (at 3/5 full, to the smallest power of 2 above 4x the keys), in the two rows of `buf`; returns the row
+    and the size of the final table."""
+    row, size = 0, 8
+    buf[row, :size] = -1
     for k in range(order.shape[0]):
-        _pyset_insert(table, mask, hashes[order[k]], order[k])
-        if (k + 1) * 5 >= mask * 3:
-            size = _pyset_size((k + 1) * 4)
-            new = np.full(size, -1, np.int64)
-            for s in range(mask + 1):
-                if table[s] >= 0:
-                    _pyset_insert(new, size - 1, hashes[table[s]], table[s])
-            table, mask = new, size - 1
-    return table
+        _pyset_insert(buf[row], size - 1, hashes[order[k]], order[k])
+        if (k + 1) * 5 >= (size - 1) * 3:
+            new_size = _pyset_size((k + 1) * 4)
+            buf[1 - row, :new_size] = -1
+            for s in range(size):
+                if buf[row, s] >= 0:
+                    _pyset_insert(buf[1 - row], new_size - 1, hashes[buf[row, s]], buf[row, s])
+            row, size = 1 - row, new_size
+    return row, size
 
 
 @njit(cache=True)
-def _pyset_iter(table, n):
-    out = np.empty(n, np.int64)
-    m = 0
-    for s in range(table.shape[0]):
-        if table[s] >= 0:
-            out[m] = table[s]
-            m += 1
-    return out
-
-
-@njit(cache=True)
-def _pyset_order(keys, hashes, n):
-    """The iteration order of the node set of networkx's subgraph view: the component's set s (keys added in BFS
-    order), then set(iter(s)) built again key by key (nx.filters.show_nodes over nbunch_iter)."""
-    first = _pyset_iter(_pyset_table(np.arange(n), hashes), n)
-    second = _pyset_iter(_pyset_table(first, hashes), n)
-    return keys[second]
+def _pyset_order(keys, hashes, n, buf, out):
+    """The iteration order of the node set of networkx's subgraph view, into out[:n]: the component's set s (keys
+    added in BFS order), then set(iter(s)) built again key by key (nx.filters.show_nodes over nbunch_iter)."""
+    for k in range(n):
+        out[k] = k
+    for _ in range(2):
+        row, size = _pyset_table(out[:n], hashes, buf)
+        m = 0
+        for s in range(size):
+            if buf[row, s] >= 0:
+                out[m] = buf[row, s]
+                m += 1
+    for k in range(n):
+        out[k] = keys[out[k]]
 
 
 # --- the collision resolution --------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
-def _commit(task, w, e, sx_, sy_, tx_, ty_, committed):
-    """rware's committed robots: networkx's components, cycles and longest paths, with networkx's tie order."""
+def _commit(task, w, e, committed, scratch, hashes, table):
+    """rware's committed robots: networkx's components, cycles and longest paths, with networkx's tie order.
+    The robots' cells and targets are scratch rows 1-4 (see step_env); rows 5-15 are this function's."""
     N = task.agents
+    sx_, sy_, tx_, ty_ = scratch[1, :N], scratch[2, :N], scratch[3, :N], scratch[4, :N]
     # the graph's nodes in insertion order: each robot adds its cell, then its target
-    nx_, ny_ = np.empty(2 * N, np.int64), np.empty(2 * N, np.int64)
-    start, target = np.empty(N, np.int64), np.empty(N, np.int64)
+    nx_, ny_, start, target = scratch[5], scratch[6], scratch[7, :N], scratch[8, :N]
     n = 0
     for i in range(2 * N):
         a = i // 2
@@ -188,14 +187,13 @@ def _commit(task, w, e, sx_, sy_, tx_, ty_, committed):
             start[a] = k
         else:
             target[a] = k
-    agent_at = np.full(n, -1, np.int64)
+    agent_at, comp, bfs = scratch[9, :n], scratch[10, :n], scratch[11, :n]
+    dist, best, seen_at, order = scratch[12, :n], scratch[13, :n], scratch[14, :n], scratch[15]
+    agent_at[:] = -1
     for i in range(N):
         agent_at[start[i]] = i
-    comp = np.full(n, -1, np.int64)
-    bfs = np.empty(n, np.int64)
+    comp[:] = -1
     committed[:] = False
-    hashes = np.empty(n, np.uint64)
-    dist, best = np.empty(n, np.int64), np.empty(n, np.int64)
     ncomp = 0
     for root in range(n):
         if comp[root] >= 0:
@@ -216,19 +214,20 @@ def _commit(task, w, e, sx_, sy_, tx_, ty_, committed):
                     comp[start[i]], bfs[size] = ncomp, start[i]
                     size += 1
         # the subgraph copy's node order: set order when the component is under half the graph, else insertion order
-        if 2 * size < n:
+        if size == 1:
+            order[0] = bfs[0]
+        elif 2 * size < n:
             for k in range(size):
                 hashes[k] = _tuple_hash(nx_[bfs[k]], ny_[bfs[k]])
-            order = _pyset_order(bfs[:size], hashes, size)
+            _pyset_order(bfs[:size], hashes, size, table, order)
         else:
-            order = np.empty(size, np.int64)
             m = 0
             for v in range(n):
                 if comp[v] == ncomp:
                     order[m] = v
                     m += 1
         # a cycle? follow the out-edges from any node: a component holds at most one cycle
-        seen_at = np.full(n, -1, np.int64)
+        seen_at[:] = -1
         v, t = order[0], 0
         while agent_at[v] >= 0 and seen_at[v] < 0:
             seen_at[v], t = t, t + 1
@@ -320,12 +319,14 @@ def reset_env(task, w, e):
 
 
 @njit(cache=True)
-def step_env(task, w, e, actions, rewards, committed):
-    """One step of env e: actions (N,) -> rewards (N,); returns whether a shelf was delivered."""
+def step_env(task, w, e, actions, rewards, committed, scratch, hashes, table):
+    """One step of env e: actions (N,) -> rewards (N,); returns whether a shelf was delivered. Scratch rows 0-4 hold
+    the requests, the robots' cells and their targets (int64 (16, 2N); hashes uint64 (2N,); table int64 (2, T), T a
+    power of 2 above 8N: the set tables of the tie order)."""
     H, W, N = task.height, task.width, task.agents
-    req = actions.copy()
-    sx_, sy_ = w.ax[e].copy(), w.ay[e].copy()
-    tx_, ty_ = sx_.copy(), sy_.copy()
+    req, sx_, sy_, tx_, ty_ = scratch[0, :N], scratch[1, :N], scratch[2, :N], scratch[3, :N], scratch[4, :N]
+    req[:], sx_[:], sy_[:] = actions, w.ax[e], w.ay[e]
+    tx_[:], ty_[:] = sx_, sy_
     for i in range(N):
         if req[i] == FORWARD:
             d = w.adir[e, i]
@@ -342,7 +343,7 @@ def step_env(task, w, e, actions, rewards, committed):
             other = w.grid_a[e, ty_[i], tx_[i]]
             if not (other > 0 and w.load[e, other - 1] > 0):  # a standing shelf there: it cannot go
                 req[i], tx_[i], ty_[i] = NOOP, sx_[i], sy_[i]
-    _commit(task, w, e, sx_, sy_, tx_, ty_, committed)
+    _commit(task, w, e, committed, scratch, hashes, table)
     for i in range(N):
         rewards[i] = 0.0
         if not committed[i]:
@@ -411,8 +412,10 @@ def observe_env(task, w, e, out):
 @njit(cache=True)
 def step_envs(task, w, actions, autoreset, obs, final, rewards, truncated, ep_return, ep_length):
     committed = np.empty(task.agents, np.bool_)
+    scratch, hashes = np.empty((16, 2 * task.agents), np.int64), np.empty(2 * task.agents, np.uint64)
+    table = np.empty((2, _pyset_size(8 * task.agents)), np.int64)
     for e in range(actions.shape[0]):
-        step_env(task, w, e, actions[e], rewards[e], committed)
+        step_env(task, w, e, actions[e], rewards[e], committed, scratch, hashes, table)
         truncated[e] = w.steps[e] >= task.max_steps
         ep_return[e] += rewards[e]
         ep_length[e] += 1

@@ -55,7 +55,8 @@ def test_cpythons_set_order_is_rebuilt_exactly():
         for c in cells:
             built.add(c)
         hashes = np.array([_tuple_hash(*c) for c in cells], np.uint64)
-        order = _pyset_order(np.arange(len(cells)), hashes, len(cells))
+        order = np.empty(len(cells), np.int64)
+        _pyset_order(np.arange(len(cells)), hashes, len(cells), np.empty((2, 128), np.int64), order)
         assert [cells[k] for k in order] == list(set(iter(built)))  # networkx's show_nodes(nbunch_iter(c))
 
 
