@@ -1,0 +1,371 @@
+"""QTRAN-base (Son et al. 2019, arXiv:1905.05408)"""
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from buffers import EpisodeReplayBuffer, to_torch
+from runtime import (
+    ArgumentError,
+    MultiAgentArgs,
+    Run,
+    check_args,
+    check_discrete,
+    check_groups,
+    checkpoint_args,
+    cli,
+    evaluate_checkpoint,
+    make_env,
+    make_eval_env,
+    setup,
+    sub_state,
+)
+
+ALGO = "qtran"
+CONTINUOUS = "mappo.py, ippo.py, maddpg.py, matd3.py or iddpg.py"  # the scripts for continuous actions
+
+
+@dataclass
+class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
+    num_envs: int = 128
+    """parallel training envs"""
+    save_buffer: bool = True
+    """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
+
+    # --- QTRAN (the learning groups form one team; its reward is the mean of its agents' rewards) ---
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    buffer_size: int = 5_000
+    """replay capacity in episodes"""
+    max_episode_len: int | None = None
+    """longest storable episode (default: the env's time limit)"""
+    batch_size: int = 32
+    """episodes per gradient step"""
+    gamma: float = 0.95
+    """discount (0.95 as the value-decomposition scripts use on 25-step MPE episodes)"""
+    tau: float = 1.0
+    """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
+    target_network_frequency: int = 20_000
+    """env steps between target-network updates (100 gradient steps at the defaults)"""
+    start_e: float = 1.0
+    """epsilon at the start of exploration"""
+    end_e: float = 0.05
+    """epsilon at the end of exploration"""
+    exploration_fraction: float = 0.05
+    """fraction of --total-timesteps over which epsilon decays linearly from --start-e to --end-e"""
+    learning_starts: int = 10_000
+    """env steps of experience collected before learning starts"""
+    train_frequency: int = 200
+    """env steps per gradient step (summed over envs)"""
+    hidden_size: int = 64
+    """width of the agents' encoder and GRU"""
+    mixing_embed_dim: int = 64
+    """width of the joint action-value and state-value networks (pymarl's qtran_base: 64)"""
+    opt_loss: float = 1.0
+    """weight of L_opt, which ties the sum of the agents' greedy utilities to Q_jt - V at the greedy joint action"""
+    nopt_loss: float = 0.1
+    """weight of L_nopt, which keeps the sum of the chosen utilities above Q_jt - V at every other joint action"""
+    share_params: bool = True
+    """one agent network per group with an agent-id one-hot (--no-share-params: one network per agent)"""
+    max_grad_norm: float = 10.0
+    """global gradient-norm clip"""
+    log_interval: int = 5_000
+    """env steps between TensorBoard points of the losses, epsilon and speed"""
+
+
+class RecurrentQ(nn.Module):
+    """Linear-ReLU encoder, a GRU over time, a linear Q head (the paper's DRQN agent)."""
+
+    def __init__(self, d_in, n_actions, hidden_size):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(d_in, hidden_size), nn.ReLU())
+        self.gru = nn.GRU(hidden_size, hidden_size)
+        self.head = nn.Linear(hidden_size, n_actions)
+
+    def forward(self, x, h=None):  # x (T, B, d_in), h (1, B, H) -> Q (T, B, n_actions), h, GRU outputs (T, B, H)
+        out, h = self.gru(self.encoder(x), h)
+        return self.head(out), h, out
+
+
+class GroupQ(nn.Module):
+    """One group's utilities Q_a(tau_a, .): one RecurrentQ shared (with an agent-id one-hot), or one per agent."""
+
+    def __init__(self, spec, args):
+        super().__init__()
+        self.ids = spec.n_agents if args.share_params and spec.n_agents > 1 else 0
+        d_in, n = int(np.prod(spec.obs_shape)) + self.ids, 1 if args.share_params else spec.n_agents
+        self.nets = nn.ModuleList(RecurrentQ(d_in, spec.action_dim, args.hidden_size) for _ in range(n))
+
+    def forward(self, obs, h=None):  # obs (T, B, A, *obs_shape), h (1, B, A, H) or None -> Q (T, B, A, n), h, features
+        T, B, A = obs.shape[:3]
+        x = obs.flatten(3)
+        if self.ids:
+            x = torch.cat([x, torch.eye(A, device=x.device).expand(T, B, A, A)], -1)
+        if len(self.nets) == 1:  # every agent of the group in one batch
+            q, h, out = self.nets[0](x.reshape(T, B * A, -1), None if h is None else h.reshape(1, B * A, -1))
+            return q.view(T, B, A, -1), h.view(1, B, A, -1), out.view(T, B, A, -1)
+        outs = [net(x[:, :, i], None if h is None else h[:, :, i].contiguous()) for i, net in enumerate(self.nets)]
+        return tuple(torch.stack(parts, 2) for parts in zip(*outs, strict=True))
+
+
+class JointQ(nn.Module):
+    """QTRAN-base's Q_jt(s, u) = Q([s, sum_a e(h_a, u_a)]) over the agents' GRU features h_a and one-hot actions u_a
+    (the paper's architecture), and V_jt(s); the transformed Q' = sum_a Q_a is the agents' utilities' sum."""
+
+    def __init__(self, n_actions, state_dim, args):
+        super().__init__()
+        d, e = args.hidden_size + n_actions, args.mixing_embed_dim
+        self.encode = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
+        self.q = nn.Sequential(nn.Linear(state_dim + d, e), nn.ReLU(), nn.Linear(e, e), nn.ReLU(), nn.Linear(e, 1))
+        self.v = nn.Sequential(nn.Linear(state_dim, e), nn.ReLU(), nn.Linear(e, e), nn.ReLU(), nn.Linear(e, 1))
+
+    def forward(self, features, onehot, alive, state):  # (T, B, N, H), (T, B, N, n), (T, B, N), (T, B, S) -> Q_jt, V
+        agents = (self.encode(torch.cat([features, onehot], -1)) * alive[..., None]).sum(-2)
+        return self.q(torch.cat([state, agents], -1)).squeeze(-1), self.v(state).squeeze(-1)
+
+
+class QTRAN(nn.Module):
+    """The team: one GroupQ per learning group, and the joint networks over all their agents (one-hot actions padded
+    to the largest group's action count)."""
+
+    def __init__(self, specs, state_dim, args):
+        super().__init__()
+        self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
+        self.joint = JointQ(max(spec.action_dim for spec in specs.values()), state_dim, args)
+
+
+def linear_schedule(start_e, end_e, duration, t):
+    slope = (end_e - start_e) / max(duration, 1)
+    return max(slope * t + start_e, end_e)
+
+
+def crossings(step, advanced, every):
+    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
+    return step // every - (step - advanced) // every
+
+
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
+
+
+@torch.no_grad()
+def act(agents, groups, obs, hidden, epsilon, rng, device):
+    """Epsilon-greedy actions of every group over its available actions; `hidden` (group -> GRU state) advances."""
+    actions = {}
+    for g, spec in groups.items():
+        avail = obs.avail_actions.get(g)  # (E, A, n) or None
+        shape = (*obs.agent_mask[g].shape, spec.action_dim)
+        uniform = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)  # a random available action
+        q, hidden[g], _ = agents[g](t(obs.obs[g], device)[None], hidden[g])
+        q = q[0] if avail is None else q[0].masked_fill(~torch.as_tensor(avail, device=device), -torch.inf)
+        actions[g] = np.where(rng.random(shape[:2]) < epsilon, uniform, q.argmax(-1).cpu().numpy())
+    return actions
+
+
+def acting(agents, specs, args, device, epsilon):
+    """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
+    evaluations, and a checkpoint playing a group: `actor`)."""
+
+    def make(num_envs, rng):
+        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
+                  for g, spec in specs.items()}  # fmt: skip
+
+        def act_fn(obs, done):
+            if done is not None:
+                for h in hidden.values():
+                    h[:, done] = 0.0
+            return act(agents, specs, obs, hidden, epsilon, rng, device)
+
+        return act_fn
+
+    return make
+
+
+def actor(ckpt, group, spec, device, greedy=True):
+    """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
+    results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    agents = GroupQ(spec, args).to(device)
+    agents.load_state_dict(sub_state(ckpt["nets"]["qtran"], f"agents.{group}."))
+    return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
+
+
+NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim")  # what the weights depend on
+
+
+def main(args):
+    check_args(args, (min(args.opt_loss, args.nopt_loss) >= 0, "--opt-loss and --nopt-loss must be >= 0"))
+    device, rng = setup(args)
+    env = make_env(args, args.num_envs, args.seed)
+    check_discrete(args, env, ALGO, CONTINUOUS)
+    learners = check_groups(args, env)
+    specs = {g: env.groups[g] for g in learners}
+    state_dim = int(np.prod(env.state_shape))
+    qtran = QTRAN(specs, state_dim, args).to(device)
+    target = copy.deepcopy(qtran)
+    optimizer = torch.optim.Adam(qtran.parameters(), lr=args.learning_rate)
+
+    make_greedy = acting(qtran.agents, specs, args, device, epsilon=0.0)  # evaluation: greedy
+    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
+    if args.eval_checkpoint:
+        evaluate_checkpoint(args, ALGO, env, {"qtran": qtran}, eval_env, make_greedy, NETWORK_FLAGS)
+        return
+    max_len = args.max_episode_len or env.max_steps
+    if not max_len:
+        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
+                            f"--max-episode-len")  # fmt: skip
+    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, episode_fields(specs, env.state_shape))
+    nets = {"qtran": qtran, "target": target}
+    run = Run(args, ALGO, env, nets, {"qtran": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    writer, global_step = run.writer, run.global_step
+    train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
+    losses = {}
+    obs = env.reset()
+    hidden = {g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device)
+              for g, spec in specs.items()}  # fmt: skip
+    with run:
+        while global_step < args.total_timesteps:
+            # ACT: epsilon-greedy on each agent's own utility, from its GRU state
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
+                                      global_step)  # fmt: skip
+            actions = act(qtran.agents, specs, obs, hidden, epsilon, rng, device)
+            # STEP
+            step = env.step(actions)
+            global_step += args.num_envs
+            # STORE: the team's step into each env's running episode; finished episodes close with their final
+            # observation (a truncated episode bootstraps from it)
+            rb.add(**stored(specs, obs, actions, step))
+            if (done := np.flatnonzero(step.done)).size:
+                final = step.final
+                rb.finish(done, state=final.state[done], **{f"{g}_{k}": v[done] for g in specs
+                          for k, v in agent_view(final, g).items()})  # fmt: skip
+                for h in hidden.values():
+                    h[:, done] = 0.0  # the next episode starts from a zero state
+            run.log_episodes(step.episodes, global_step)
+            obs = step.next
+
+            # TARGETS and UPDATE: one gradient step per --train-frequency env steps
+            if global_step > train_start and len(rb) >= args.batch_size:
+                for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
+                    losses = update(qtran, target, optimizer, rb, args, device, rng)
+                if crossings(global_step, args.num_envs, args.target_network_frequency):
+                    for p, tp in zip(qtran.parameters(), target.parameters(), strict=True):
+                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+
+            # LOG
+            if crossings(global_step, args.num_envs, args.log_interval):
+                for k, v in losses.items():
+                    writer.add_scalar(f"losses/{k}", v, global_step)
+                writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                writer.add_scalar("charts/epsilon", epsilon, global_step)
+            run.step(global_step)  # EVAL, checkpoints, and where Ctrl-C stops the run
+    run.finish()
+    env.close()
+
+
+# --- what the loop calls: the episode declaration and the QTRAN update ---
+
+
+def episode_fields(specs, state_shape):
+    """A stored team episode, declared once: name -> (per-step shape, dtype); row len holds the final observation."""
+    fields = {"state": (state_shape, np.float32), "reward": ((), np.float32), "terminated": ((), np.bool_)}
+    for g, spec in specs.items():
+        A = spec.n_agents
+        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_actions": ((A,), np.int64),
+                   f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
+        if spec.has_action_mask:
+            fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
+    return fields
+
+
+def agent_view(obs, g):
+    """What group g's agents see at one step: observations, alive mask, action mask."""
+    view = {"obs": obs.obs[g], "alive": obs.agent_mask[g]}
+    if g in obs.avail_actions:
+        view["avail"] = obs.avail_actions[g]
+    return view
+
+
+def stored(specs, obs, actions, step):
+    """One step of the team: its reward (mean over its agents) and termination (all of them), and each group's view."""
+    if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
+        raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
+                            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
+                            f"or use iql.py, mappo.py or maddpg.py, which train groups apart")  # fmt: skip
+    rewards = np.concatenate([step.rewards[g] for g in specs], 1)  # (E, N)
+    terminated = np.concatenate([step.terminated[g] for g in specs], 1)
+    out = {"state": obs.state, "reward": rewards.mean(1), "terminated": terminated.all(1)}
+    for g in specs:
+        out |= {f"{g}_{k}": v for k, v in agent_view(obs, g).items()} | {f"{g}_actions": actions[g]}
+    return out
+
+
+def group_outputs(agents, mb):
+    """Every learning group's utilities, GRU features, alive and action masks over the batch, concatenated over
+    agents; utilities padded with -inf (and masked out) to the largest group's action count."""
+    outs = {g: net(mb[f"{g}_obs"]) for g, net in agents.items()}  # Q (L + 1, B, A, n), h, features (L + 1, B, A, H)
+    n = max(q.shape[-1] for q, _, _ in outs.values())
+    qs, features, alive, avail = [], [], [], []
+    for g, (q, _, f) in outs.items():
+        a = mb[f"{g}_avail"].bool() if f"{g}_avail" in mb else torch.ones_like(q, dtype=torch.bool)
+        qs.append(F.pad(q, (0, n - q.shape[-1]), value=-torch.inf))
+        avail.append(F.pad(a, (0, n - q.shape[-1]), value=False))
+        features.append(f)
+        alive.append(mb[f"{g}_alive"])
+    return torch.cat(qs, 2), torch.cat(features, 2), torch.cat(alive, 2), torch.cat(avail, 2)
+
+
+def update(qtran, target, optimizer, rb, args, device, rng):
+    """One gradient step on replayed episodes: QTRAN-base's L_td + w_opt L_opt + w_nopt L_nopt (Son et al. 2019,
+    Eq. 6-9): Q_jt learns the team's TD target, and the agents' summed utilities Q' learn to equal Q_jt - V at the
+    greedy joint action and to stay at or above it elsewhere, so that the greedy joint action of Q' is Q_jt's."""
+    batch = rb.sample(args.batch_size, rng)  # (L + 1, B, ...) from a zero state
+    mb = to_torch(batch, device)
+    mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
+    q, features, alive, avail = group_outputs(qtran.agents, mb)  # (L + 1, B, N, n), (L + 1, B, N, H), ...
+    n = q.shape[-1]
+    actions = torch.cat([mb[f"{g}_actions"] for g in qtran.agents], 2)  # (L + 1, B, N)
+    greedy_q, greedy = q.masked_fill(~avail, -torch.inf).max(-1)  # each agent's best utility and action
+    state = mb["state"]
+    # L_td: Q_jt(s, u) toward r + gamma Q_jt'(s', u'), u' the online agents' greedy actions (Double Q)
+    q_jt, v = qtran.joint(features[:-1], F.one_hot(actions[:-1], n).float(), alive[:-1], state[:-1])
+    with torch.no_grad():
+        _, target_features, _, _ = group_outputs(target.agents, mb)
+        next_q_jt, _ = target.joint(target_features[1:], F.one_hot(greedy[1:], n).float(), alive[1:], state[1:])
+        targets = mb["reward"][:-1] + args.gamma * (1.0 - mb["terminated"][:-1].float()) * next_q_jt
+    td_loss = ((q_jt - targets) ** 2 * mask).sum() / mask.sum().clamp(min=1.0)
+    # L_opt: at the greedy joint action, sum_a max Q_a = Q_jt - V (Q_jt held fixed)
+    greedy_q_jt, _ = qtran.joint(features[:-1], F.one_hot(greedy[:-1], n).float(), alive[:-1], state[:-1])
+    best = torch.where(alive[:-1] > 0, greedy_q[:-1], torch.zeros_like(greedy_q[:-1]))  # a dead agent adds nothing
+    opt_error = best.sum(-1) - greedy_q_jt.detach() + v
+    opt_loss = (opt_error**2 * mask).sum() / mask.sum().clamp(min=1.0)
+    # L_nopt: at the taken joint action, sum_a Q_a(u_a) >= Q_jt - V
+    chosen = q[:-1].gather(-1, actions[:-1, ..., None]).squeeze(-1)
+    nopt_error = ((chosen * alive[:-1]).sum(-1) - q_jt.detach() + v).clamp(max=0.0)
+    nopt_loss = (nopt_error**2 * mask).sum() / mask.sum().clamp(min=1.0)
+    loss = td_loss + args.opt_loss * opt_loss + args.nopt_loss * nopt_loss
+    if not torch.isfinite(loss):  # stop before the weights are poisoned
+        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    # UPDATE
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(qtran.parameters(), args.max_grad_norm)
+    optimizer.step()
+    n_steps = mask.sum().clamp(min=1.0)
+    q_values, values = (q_jt * mask).sum() / n_steps, (v * mask).sum() / n_steps
+    return dict(
+        td_loss=td_loss.item(),
+        opt_loss=opt_loss.item(),
+        nopt_loss=nopt_loss.item(),
+        q_values=q_values.item(),
+        v=values.item(),
+    )
+
+
+if __name__ == "__main__":
+    cli(Args, main)
