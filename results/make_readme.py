@@ -647,7 +647,7 @@ def render(
         pages = sorted(p.name for p in (Path(out) / env_id).glob("*.md") if p.name not in NESTED_PAGES)
         if pages:  # tuning screens and diagnoses written beside the results: linked, not nested
             links = ", ".join(f"[{env_id}/{name}]({env_id}/{name})" for name in pages)
-            lines += [f"Notes on {env_id} (screens and diagnoses, single seeds, not results): {links}.", ""]
+            lines += [f"Notes on {env_id} (protocols, screens and diagnoses beside the rows above): {links}.", ""]
     tournaments = sorted(Path(out).glob("*/tournament.md"))
     if tournaments:  # results/tournament.py: its page, nested, with its heatmap's path from here
         lines += ["## Tournaments", ""]
