@@ -31,10 +31,19 @@ def task_kwargs(task: str) -> dict:
     if match is None:
         raise ValueError(f"{task!r} is not a Level-Based Foraging task name such as Foraging-2s-8x8-2p-2f-coop")
     size = int(match["size"])
-    return dict(players=int(match["players"]), min_player_level=1, max_player_level=2, field_size=(size, size),
-                min_food_level=1, max_food_level=None, max_num_food=int(match["foods"]),
-                sight=2 if match["po"] else size, force_coop=bool(match["coop"]), grid_observation=False,
-                penalty=0.0)  # fmt: skip
+    return dict(
+        players=int(match["players"]),
+        min_player_level=1,
+        max_player_level=2,
+        field_size=(size, size),
+        min_food_level=1,
+        max_food_level=None,
+        max_num_food=int(match["foods"]),
+        sight=2 if match["po"] else size,
+        force_coop=bool(match["coop"]),
+        grid_observation=False,
+        penalty=0.0,
+    )
 
 
 def parallel_env(task: str, max_cycles: int = 50, render_mode: str | None = None) -> TupleParallelEnv:

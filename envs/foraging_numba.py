@@ -28,10 +28,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions
 from envs.foraging import task_kwargs
 from envs.mpe.physics import integer
-from envs.mpe.vec_env import seed_states
+from envs.team_vec_env import TeamVecEnv
 
 NONE, NORTH, SOUTH, WEST, EAST, LOAD = range(6)
 ATTEMPTS = 1000  # the package's tries to place a player or a food
@@ -61,8 +60,14 @@ class Worlds(NamedTuple):
 
 def new_worlds(task: Task, num_envs: int) -> Worlds:
     E, S, P = num_envs, task.size, task.players
-    return Worlds(np.zeros((E, S, S), np.int64), np.full((E, P, 2), -1, np.int64), np.zeros((E, P), np.int64),
-                  np.zeros(E, np.int64), np.zeros(E, np.float64), np.zeros(E, np.uint64))  # fmt: skip
+    return Worlds(
+        np.zeros((E, S, S), np.int64),
+        np.full((E, P, 2), -1, np.int64),
+        np.zeros((E, P), np.int64),
+        np.zeros(E, np.int64),
+        np.zeros(E, np.float64),
+        np.zeros(E, np.uint64),
+    )
 
 
 # --- reset ---------------------------------------------------------------------------------------------------------
@@ -273,71 +278,20 @@ def observe_envs(task, w, obs):
 # --- the VecEnv ----------------------------------------------------------------------------------------------------
 
 
-class ForagingVecEnv(VecEnv):
+class ForagingVecEnv(TeamVecEnv):
     """`num_envs` copies of one Level-Based Foraging task (envs/foraging.py's names), stepped together."""
 
+    reset_kernel, observe_kernel, step_kernel = reset_envs, observe_envs, step_envs
+
     def __init__(self, task: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 50, autoreset: bool = True):
-        if num_envs < 1:
-            raise ValueError("num_envs must be at least 1")
         kw = task_kwargs(task)
-        self.task = Task(kw["field_size"][0], kw["players"], kw["max_num_food"], kw["sight"], kw["force_coop"],
-                         int(max_cycles))  # fmt: skip
-        self.name, self.num_envs, self.autoreset, self.max_steps = task, num_envs, autoreset, int(max_cycles)
-        P, F = self.task.players, self.task.foods
-        self.width = 3 * (F + P)
-        agents = tuple(f"agent_{i}" for i in range(P))
-        self.groups = {"agent": GroupSpec("agent", agents, (self.width,), np.dtype(np.float32), True, 6)}
-        self.state_shape = (P * self.width,)
-        self.worlds = new_worlds(self.task, num_envs)
-        self._seed, self._seeded, self._needs_reset = int(seed), False, True
-        self._mask = np.ones((num_envs, P), np.bool_)
-        self._mask.flags.writeable = False
-        self._return = np.zeros((num_envs, P))
-        self._length = np.zeros(num_envs, np.int64)
-
-    def reset(self, seed: int | None = None) -> Observation:
-        """Reset every env; env i is seeded with seed + i (None: the seed given at construction, once)."""
-        if seed is not None or not self._seeded:
-            self.worlds.rng[:] = seed_states(self._seed if seed is None else int(seed), self.num_envs)
-            self._seeded = True
-        obs = np.empty((self.num_envs, *self.state_shape), np.float32)
-        reset_envs(self.task, self.worlds, obs)
-        self._return[:], self._length[:] = 0.0, 0
-        self._needs_reset = False
-        return self._observation(obs)
-
-    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
-        if self._needs_reset:
-            raise RuntimeError("call reset() before the first step()")
-        act = check_actions(actions, self.groups, self.num_envs)["agent"].astype(np.int64, copy=False)
-        E, P = self.num_envs, self.task.players
-        obs, final = np.empty((E, *self.state_shape), np.float32), np.empty((E, *self.state_shape), np.float32)
-        rewards, terminated = np.empty((E, P), np.float64), np.empty((E, P), np.bool_)
-        truncated = np.empty(E, np.bool_)
-        step_envs(self.task, self.worlds, act, self.autoreset, obs, final, rewards, terminated, truncated,
-                  self._return, self._length)  # fmt: skip
-        done = terminated[:, 0] | truncated
-        nxt, result_final, episodes = self._observation(obs), None, []
-        if done.any():
-            ended = np.flatnonzero(done)
-            if self.autoreset:  # else the next observation is the last one
-                final_obs = obs.copy()
-                final_obs[ended] = final[ended]
-                result_final = self._observation(final_obs)
-            means = self._return[ended].mean(1)
-            episodes = [EpisodeStats(int(e), {"agent": float(r)}, float(r), int(n))
-                        for e, r, n in zip(ended, means, self._length[ended], strict=True)]  # fmt: skip
-            self._return[ended], self._length[ended] = 0.0, 0
-        return StepResult(nxt, {"agent": rewards.astype(np.float32)}, {"agent": terminated}, truncated, done,
-                          result_final or nxt, episodes)  # fmt: skip
-
-    def close(self) -> None:
-        pass
-
-    def render(self, env_index: int = 0) -> np.ndarray:
-        raise NotImplementedError(f"{self.name} has no renderer here: leave out --capture-video")
-
-    # --- the bridge to the package (tests) ---
+        spec = Task(
+            kw["field_size"][0], kw["players"], kw["max_num_food"], kw["sight"], kw["force_coop"], int(max_cycles)
+        )
+        width = 3 * (spec.foods + spec.players)
+        super().__init__(
+            task, spec, new_worlds(spec, num_envs), num_envs, seed, max_cycles, autoreset, spec.players, width, 6
+        )
 
     def set_from(self, env_index: int, lbf) -> None:
         """Copy the state of a lbforaging ForagingEnv into env `env_index` (a new episode from there: steppable)."""
@@ -346,17 +300,7 @@ class ForagingVecEnv(VecEnv):
         w.pos[env_index] = [p.position for p in lbf.players]
         w.level[env_index] = [p.level for p in lbf.players]
         w.steps[env_index], w.spawned[env_index] = lbf.current_step, float(lbf._food_spawned)
-        self._return[env_index], self._length[env_index] = 0.0, 0
-        self._needs_reset = False
-
-    def observe(self) -> Observation:
-        obs = np.empty((self.num_envs, *self.state_shape), np.float32)
-        observe_envs(self.task, self.worlds, obs)
-        return self._observation(obs)
-
-    def _observation(self, obs: np.ndarray) -> Observation:
-        per_agent = obs.reshape(self.num_envs, self.task.players, self.width)
-        return Observation({"agent": per_agent}, obs, {"agent": self._mask})
+        self.started(env_index)
 
 
 def make_vec(env_id: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 50, **kwargs) -> ForagingVecEnv:

@@ -74,8 +74,13 @@ class MatrixGame(ParallelEnv):
         agents = self.agents
         if over:
             self.agents = []
-        return (self._observe(), {a: reward for a in agents}, {a: over for a in agents},
-                {a: False for a in agents}, {a: {} for a in agents})  # fmt: skip
+        return (
+            self._observe(),
+            {a: reward for a in agents},
+            {a: over for a in agents},
+            {a: False for a in agents},
+            {a: {} for a in agents},
+        )
 
     def render(self):
         raise NotImplementedError(f"{self.task} has no picture: leave out --capture-video")

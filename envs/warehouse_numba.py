@@ -27,9 +27,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions
 from envs.mpe.physics import integer
-from envs.mpe.vec_env import seed_states
+from envs.team_vec_env import TeamVecEnv
 from envs.warehouse import task_kwargs
 
 NOOP, FORWARD, LEFT, RIGHT, TOGGLE = range(5)
@@ -72,15 +71,34 @@ def layout(task_name: str, max_cycles: int) -> Task:
     H, W = w.grid_size
     highway = w.highways.astype(bool)
     homes = [(x, y) for y in range(H) for x in range(W) if not highway[y, x]]
-    return Task(H, W, kw["n_agents"], kw["request_queue_size"], int(max_cycles), highway,
-                np.array(w.goals, np.int64), np.array(homes, np.int64))  # fmt: skip
+    return Task(
+        H,
+        W,
+        kw["n_agents"],
+        kw["request_queue_size"],
+        int(max_cycles),
+        highway,
+        np.array(w.goals, np.int64),
+        np.array(homes, np.int64),
+    )
 
 
 def new_worlds(task: Task, E: int) -> Worlds:
     N, S, H, W = task.agents, len(task.shelf_home), task.height, task.width
     z = lambda *shape: np.zeros(shape, np.int64)  # noqa: E731
-    return Worlds(z(E, N), z(E, N), z(E, N), z(E, N), z(E, S), z(E, S), z(E, H, W), z(E, H, W), z(E, task.queue),
-                  z(E), np.zeros(E, np.uint64))  # fmt: skip
+    return Worlds(
+        z(E, N),
+        z(E, N),
+        z(E, N),
+        z(E, N),
+        z(E, S),
+        z(E, S),
+        z(E, H, W),
+        z(E, H, W),
+        z(E, task.queue),
+        z(E),
+        np.zeros(E, np.uint64),
+    )
 
 
 # --- CPython's set order, which decides rware's ties -----------------------------------------------------------------
@@ -410,7 +428,10 @@ def observe_env(task, w, e, out):
 
 
 @njit(cache=True)
-def step_envs(task, w, actions, autoreset, obs, final, rewards, truncated, ep_return, ep_length):
+def step_envs(task, w, actions, autoreset, obs, final, rewards, terminated, truncated, ep_return, ep_length):
+    """Step all envs; an env whose episode ended (always at the time limit) writes its last observations to `final`
+    and resets."""
+    terminated[:] = False
     committed = np.empty(task.agents, np.bool_)
     scratch, hashes = np.empty((16, 2 * task.agents), np.int64), np.empty(2 * task.agents, np.uint64)
     table = np.empty((2, _pyset_size(8 * task.agents)), np.int64)
@@ -442,69 +463,19 @@ def observe_envs(task, w, obs):
 # --- the VecEnv ----------------------------------------------------------------------------------------------------
 
 
-class WarehouseVecEnv(VecEnv):
+class WarehouseVecEnv(TeamVecEnv):
     """`num_envs` copies of one RWARE task (envs/warehouse.py's names), stepped together."""
 
+    reset_kernel, observe_kernel, step_kernel = reset_envs, observe_envs, step_envs
+
     def __init__(self, task: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 500, autoreset: bool = True):
-        if num_envs < 1:
-            raise ValueError("num_envs must be at least 1")
-        self.task = layout(task, max_cycles)
-        self.name, self.num_envs, self.autoreset, self.max_steps = task, num_envs, autoreset, int(max_cycles)
-        N = self.task.agents
-        self.width = 71
-        agents = tuple(f"agent_{i}" for i in range(N))
-        self.groups = {"agent": GroupSpec("agent", agents, (self.width,), np.dtype(np.float32), True, 5)}
-        self.state_shape = (N * self.width,)
-        self.worlds = new_worlds(self.task, num_envs)
-        self._seed, self._seeded, self._needs_reset = int(seed), False, True
-        self._mask = np.ones((num_envs, N), np.bool_)
-        self._mask.flags.writeable = False
-        self._return = np.zeros((num_envs, N))
-        self._length = np.zeros(num_envs, np.int64)
-
-    def reset(self, seed: int | None = None) -> Observation:
-        """Reset every env; env i is seeded with seed + i (None: the seed given at construction, once)."""
-        if seed is not None or not self._seeded:
-            self.worlds.rng[:] = seed_states(self._seed if seed is None else int(seed), self.num_envs)
-            self._seeded = True
-        obs = np.empty((self.num_envs, *self.state_shape), np.float32)
-        reset_envs(self.task, self.worlds, obs)
-        self._return[:], self._length[:] = 0.0, 0
-        self._needs_reset = False
-        return self._observation(obs)
-
-    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
-        if self._needs_reset:
-            raise RuntimeError("call reset() before the first step()")
-        act = check_actions(actions, self.groups, self.num_envs)["agent"].astype(np.int64, copy=False)
-        E, N = self.num_envs, self.task.agents
-        obs, final = np.empty((E, *self.state_shape), np.float32), np.empty((E, *self.state_shape), np.float32)
-        rewards, truncated = np.empty((E, N), np.float64), np.empty(E, np.bool_)
-        step_envs(self.task, self.worlds, act, self.autoreset, obs, final, rewards, truncated, self._return,
-                  self._length)  # fmt: skip
-        nxt, result_final, episodes = self._observation(obs), None, []
-        if truncated.any():
-            ended = np.flatnonzero(truncated)
-            if self.autoreset:
-                final_obs = obs.copy()
-                final_obs[ended] = final[ended]
-                result_final = self._observation(final_obs)
-            means = self._return[ended].mean(1)
-            episodes = [EpisodeStats(int(e), {"agent": float(r)}, float(r), int(n))
-                        for e, r, n in zip(ended, means, self._length[ended], strict=True)]  # fmt: skip
-            self._return[ended], self._length[ended] = 0.0, 0
-        terminated = np.zeros((E, N), np.bool_)
-        return StepResult(nxt, {"agent": rewards.astype(np.float32)}, {"agent": terminated}, truncated,
-                          truncated.copy(), result_final or nxt, episodes)  # fmt: skip
-
-    def close(self) -> None:
-        pass
-
-    def render(self, env_index: int = 0) -> np.ndarray:
-        raise NotImplementedError(f"{self.name} has no renderer here: leave out --capture-video")
+        spec = layout(task, max_cycles)
+        super().__init__(
+            task, spec, new_worlds(spec, num_envs), num_envs, seed, max_cycles, autoreset, spec.agents, 8 + 9 * 7, 5
+        )
 
     def set_from(self, env_index: int, wh) -> None:
-        """Copy the state of an rware Warehouse into env `env_index` (steppable from there)."""
+        """Copy the state of an rware Warehouse into env `env_index` (a new episode from there: steppable)."""
         w, e = self.worlds, env_index
         for i, a in enumerate(wh.agents):
             w.ax[e, i], w.ay[e, i], w.adir[e, i] = a.x, a.y, a.dir.value
@@ -514,17 +485,7 @@ class WarehouseVecEnv(VecEnv):
         w.queue[e] = [s.id for s in wh.request_queue]
         w.steps[e] = wh._cur_steps
         _regrid(self.task, w, e)
-        self._return[e], self._length[e] = 0.0, 0
-        self._needs_reset = False
-
-    def observe(self) -> Observation:
-        obs = np.empty((self.num_envs, *self.state_shape), np.float32)
-        observe_envs(self.task, self.worlds, obs)
-        return self._observation(obs)
-
-    def _observation(self, obs: np.ndarray) -> Observation:
-        per_agent = obs.reshape(self.num_envs, self.task.agents, self.width)
-        return Observation({"agent": per_agent}, obs, {"agent": self._mask})
+        self.started(e)
 
 
 def make_vec(env_id: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 500, **kwargs) -> WarehouseVecEnv:
