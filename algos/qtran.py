@@ -171,8 +171,9 @@ def acting(agents, specs, args, device, epsilon):
     evaluations, and a checkpoint playing a group: `actor`)."""
 
     def make(num_envs, rng):
-        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
-                  for g, spec in specs.items()}  # fmt: skip
+        hidden = {
+            g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+        }
 
         def act_fn(obs, done):
             if done is not None:
@@ -216,8 +217,9 @@ def main(args):
         return
     max_len = args.max_episode_len or env.max_steps
     if not max_len:
-        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
-                            f"--max-episode-len")  # fmt: skip
+        raise ArgumentError(
+            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
+        )
     rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, episode_fields(specs, env.state_shape))
     nets = {"qtran": qtran, "target": target}
     run = Run(args, ALGO, env, nets, {"qtran": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
@@ -225,13 +227,15 @@ def main(args):
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
     obs = env.reset()
-    hidden = {g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device)
-              for g, spec in specs.items()}  # fmt: skip
+    hidden = {
+        g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+    }
     with run:
         while global_step < args.total_timesteps:
             # ACT: epsilon-greedy on each agent's own utility, from its GRU state
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
             actions = act(qtran.agents, specs, obs, hidden, epsilon, rng, device)
             # STEP
             step = env.step(actions)
@@ -241,8 +245,11 @@ def main(args):
             rb.add(**stored(specs, obs, actions, step))
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
-                rb.finish(done, state=final.state[done], **{f"{g}_{k}": v[done] for g in specs
-                          for k, v in agent_view(final, g).items()})  # fmt: skip
+                rb.finish(
+                    done,
+                    state=final.state[done],
+                    **{f"{g}_{k}": v[done] for g in specs for k, v in agent_view(final, g).items()},
+                )
                 for h in hidden.values():
                     h[:, done] = 0.0  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
@@ -276,8 +283,11 @@ def episode_fields(specs, state_shape):
     fields = {"state": (state_shape, np.float32), "reward": ((), np.float32), "terminated": ((), np.bool_)}
     for g, spec in specs.items():
         A = spec.n_agents
-        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_actions": ((A,), np.int64),
-                   f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
+        fields |= {
+            f"{g}_obs": ((A, *spec.obs_shape), np.float32),
+            f"{g}_actions": ((A,), np.int64),
+            f"{g}_alive": ((A,), np.bool_),
+        }
         if spec.has_action_mask:
             fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
     return fields
@@ -294,9 +304,11 @@ def agent_view(obs, g):
 def stored(specs, obs, actions, step):
     """One step of the team: its reward (mean over its agents) and termination (all of them), and each group's view."""
     if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
-        raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
-                            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
-                            f"or use iql.py, mappo.py or maddpg.py, which train groups apart")  # fmt: skip
+        raise ArgumentError(
+            f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
+            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
+            f"or use iql.py, mappo.py or maddpg.py, which train groups apart"
+        )
     rewards = np.concatenate([step.rewards[g] for g in specs], 1)  # (E, N)
     terminated = np.concatenate([step.terminated[g] for g in specs], 1)
     out = {"state": obs.state, "reward": rewards.mean(1), "terminated": terminated.all(1)}
