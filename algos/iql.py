@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from buffers import EpisodeReplayBuffer, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
     ArgumentError,
@@ -128,20 +128,6 @@ class IQL(nn.Module):
         self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
 
 
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
-
-
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 @torch.no_grad()
 def act(agents, groups, obs, hidden, epsilon, rng, device):
     """Epsilon-greedy actions of every group over its available actions; `hidden` (group -> GRU state) advances."""
@@ -208,7 +194,7 @@ def main(args):
     if not max_len:
         raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
                             f"--max-episode-len")  # fmt: skip
-    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, episode_fields(specs),
+    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs, team_reward=False),
                              alpha=args.prioritized_replay_alpha if args.prioritized else None)  # fmt: skip
     nets = {"iql": iql, "target": target}
     run = Run(args, ALGO, env, nets, {"iql": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
@@ -229,11 +215,10 @@ def main(args):
             global_step += args.num_envs
             # STORE: the step into each env's running episode; finished episodes close with their final
             # observation (a truncated episode bootstraps from it)
-            rb.add(**stored(specs, obs, actions, step))
+            rb.add(**team_step(obs, actions, step, specs, team_reward=False))
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
-                rb.finish(done, **{f"{g}_{k}": v[done] for g in specs
-                          for k, v in agent_view(final, g).items()})  # fmt: skip
+                rb.finish(done, **agent_views(final, specs, envs=done))
                 for h in hidden.values():
                     h[:, done] = 0.0  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
@@ -261,37 +246,21 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: the episode declaration and the IQL update ---
+# --- what the loop calls: epsilon's schedule, the step counter's crossings and the IQL update ---
 
 
-def episode_fields(specs):
-    """A stored episode, declared once: name -> (per-step shape, dtype); row len holds the final observation."""
-    fields = {}
-    for g, spec in specs.items():
-        A = spec.n_agents
-        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_actions": ((A,), np.int64),
-                   f"{g}_rewards": ((A,), np.float32), f"{g}_terminated": ((A,), np.bool_),
-                   f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
-        if spec.has_action_mask:
-            fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
-    return fields
+def linear_schedule(start_e, end_e, duration, t):
+    slope = (end_e - start_e) / max(duration, 1)
+    return max(slope * t + start_e, end_e)
 
 
-def agent_view(obs, g):
-    """What group g's agents see at one step: observations, alive mask, action mask."""
-    view = {"obs": obs.obs[g], "alive": obs.agent_mask[g]}
-    if g in obs.avail_actions:
-        view["avail"] = obs.avail_actions[g]
-    return view
+def crossings(step, advanced, every):
+    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
+    return step // every - (step - advanced) // every
 
 
-def stored(specs, obs, actions, step):
-    """One step of every learning group: each agent's view, action, reward and termination."""
-    out = {}
-    for g in specs:
-        out |= {f"{g}_{k}": v for k, v in agent_view(obs, g).items()}
-        out |= {f"{g}_actions": actions[g], f"{g}_rewards": step.rewards[g], f"{g}_terminated": step.terminated[g]}
-    return out
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
 def td_targets(rewards, terminated, cut, next_values, args):
@@ -310,17 +279,17 @@ def update(iql, target, optimizer, rb, args, device, rng, beta):
     cut = ~batch["loss_mask"][1:]  # the recursion stops where the next step has no target: an episode's or window's end
     sq_err, err, count, q_sum = 0.0, 0.0, 0.0, 0.0
     for g, agents in iql.agents.items():
-        q = agents(mb[f"{g}_obs"])[0]  # (L + 1, B, A, n)
-        mask = mb["loss_mask"][:-1, :, None] * mb[f"{g}_alive"][:-1]  # (L, B, A): a dead agent learns nothing
-        chosen = q[:-1].gather(-1, mb[f"{g}_actions"][:-1, ..., None]).squeeze(-1)
+        q = agents(mb[f"obs_{g}"])[0]  # (L + 1, B, A, n)
+        mask = mb["loss_mask"][:-1, :, None] * mb[f"agent_mask_{g}"][:-1]  # (L, B, A): a dead agent learns nothing
+        chosen = q[:-1].gather(-1, mb[f"actions_{g}"][:-1, ..., None]).squeeze(-1)
         # TARGETS: Double Q (the online network picks the next action, the target network evaluates it), then
         # TD(lambda) (or n-step) along each agent's own rewards; the kernels take (T, B x A)
         with torch.no_grad():
-            avail = mb.get(f"{g}_avail")
+            avail = mb.get(f"avail_{g}")
             best = (q if avail is None else q.masked_fill(avail == 0, -torch.inf))[1:].argmax(-1, keepdim=True)
-            next_q = target.agents[g](mb[f"{g}_obs"])[0][1:].gather(-1, best).squeeze(-1)
+            next_q = target.agents[g](mb[f"obs_{g}"])[0][1:].gather(-1, best).squeeze(-1)
             L, B, A = next_q.shape
-            rewards, terminated = batch[f"{g}_rewards"][:-1], batch[f"{g}_terminated"][:-1]
+            rewards, terminated = batch[f"rewards_{g}"][:-1], batch[f"terminated_{g}"][:-1]
             y = td_targets(rewards.reshape(L, -1), terminated.reshape(L, -1), np.repeat(cut, A, 1),
                            next_q.reshape(L, -1), args)  # fmt: skip
         td = (chosen - t(y, device).view(L, B, A)) * mask

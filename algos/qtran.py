@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import EpisodeReplayBuffer, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from runtime import (
     ArgumentError,
     MultiAgentArgs,
@@ -138,20 +138,6 @@ class QTRAN(nn.Module):
         self.joint = JointQ(max(spec.action_dim for spec in specs.values()), state_dim, args)
 
 
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
-
-
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 @torch.no_grad()
 def act(agents, groups, obs, hidden, epsilon, rng, device):
     """Epsilon-greedy actions of every group over its available actions; `hidden` (group -> GRU state) advances."""
@@ -220,7 +206,7 @@ def main(args):
         raise ArgumentError(
             f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
         )
-    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, episode_fields(specs, env.state_shape))
+    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs, env.state_shape))
     nets = {"qtran": qtran, "target": target}
     run = Run(args, ALGO, env, nets, {"qtran": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step
@@ -242,14 +228,10 @@ def main(args):
             global_step += args.num_envs
             # STORE: the team's step into each env's running episode; finished episodes close with their final
             # observation (a truncated episode bootstraps from it)
-            rb.add(**stored(specs, obs, actions, step))
+            rb.add(**team_step(obs, actions, step, specs, state=True))
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
-                rb.finish(
-                    done,
-                    state=final.state[done],
-                    **{f"{g}_{k}": v[done] for g in specs for k, v in agent_view(final, g).items()},
-                )
+                rb.finish(done, **agent_views(final, specs, state=True, envs=done))
                 for h in hidden.values():
                     h[:, done] = 0.0  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
@@ -275,60 +257,35 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: the episode declaration and the QTRAN update ---
+# --- what the loop calls: epsilon's schedule, the step counter's crossings and the QTRAN update ---
 
 
-def episode_fields(specs, state_shape):
-    """A stored team episode, declared once: name -> (per-step shape, dtype); row len holds the final observation."""
-    fields = {"state": (state_shape, np.float32), "reward": ((), np.float32), "terminated": ((), np.bool_)}
-    for g, spec in specs.items():
-        A = spec.n_agents
-        fields |= {
-            f"{g}_obs": ((A, *spec.obs_shape), np.float32),
-            f"{g}_actions": ((A,), np.int64),
-            f"{g}_alive": ((A,), np.bool_),
-        }
-        if spec.has_action_mask:
-            fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
-    return fields
+def linear_schedule(start_e, end_e, duration, t):
+    slope = (end_e - start_e) / max(duration, 1)
+    return max(slope * t + start_e, end_e)
 
 
-def agent_view(obs, g):
-    """What group g's agents see at one step: observations, alive mask, action mask."""
-    view = {"obs": obs.obs[g], "alive": obs.agent_mask[g]}
-    if g in obs.avail_actions:
-        view["avail"] = obs.avail_actions[g]
-    return view
+def crossings(step, advanced, every):
+    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
+    return step // every - (step - advanced) // every
 
 
-def stored(specs, obs, actions, step):
-    """One step of the team: its reward (mean over its agents) and termination (all of them), and each group's view."""
-    if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
-        raise ArgumentError(
-            f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
-            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
-            f"or use iql.py, mappo.py or maddpg.py, which train groups apart"
-        )
-    rewards = np.concatenate([step.rewards[g] for g in specs], 1)  # (E, N)
-    terminated = np.concatenate([step.terminated[g] for g in specs], 1)
-    out = {"state": obs.state, "reward": rewards.mean(1), "terminated": terminated.all(1)}
-    for g in specs:
-        out |= {f"{g}_{k}": v for k, v in agent_view(obs, g).items()} | {f"{g}_actions": actions[g]}
-    return out
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
 def group_outputs(agents, mb):
     """Every learning group's utilities, GRU features, alive and action masks over the batch, concatenated over
     agents; utilities padded with -inf (and masked out) to the largest group's action count."""
-    outs = {g: net(mb[f"{g}_obs"]) for g, net in agents.items()}  # Q (L + 1, B, A, n), h, features (L + 1, B, A, H)
+    outs = {g: net(mb[f"obs_{g}"]) for g, net in agents.items()}  # Q (L + 1, B, A, n), h, features (L + 1, B, A, H)
     n = max(q.shape[-1] for q, _, _ in outs.values())
     qs, features, alive, avail = [], [], [], []
     for g, (q, _, f) in outs.items():
-        a = mb[f"{g}_avail"].bool() if f"{g}_avail" in mb else torch.ones_like(q, dtype=torch.bool)
+        a = mb[f"avail_{g}"].bool() if f"avail_{g}" in mb else torch.ones_like(q, dtype=torch.bool)
         qs.append(F.pad(q, (0, n - q.shape[-1]), value=-torch.inf))
         avail.append(F.pad(a, (0, n - q.shape[-1]), value=False))
         features.append(f)
-        alive.append(mb[f"{g}_alive"])
+        alive.append(mb[f"agent_mask_{g}"])
     return torch.cat(qs, 2), torch.cat(features, 2), torch.cat(alive, 2), torch.cat(avail, 2)
 
 
@@ -341,7 +298,7 @@ def update(qtran, target, optimizer, rb, args, device, rng):
     mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
     q, features, alive, avail = group_outputs(qtran.agents, mb)  # (L + 1, B, N, n), (L + 1, B, N, H), ...
     n = q.shape[-1]
-    actions = torch.cat([mb[f"{g}_actions"] for g in qtran.agents], 2)  # (L + 1, B, N)
+    actions = torch.cat([mb[f"actions_{g}"] for g in qtran.agents], 2)  # (L + 1, B, N)
     greedy_q, greedy = q.masked_fill(~avail, -torch.inf).max(-1)  # each agent's best utility and action
     state = mb["state"]
     # L_td: Q_jt(s, u) toward r + gamma Q_jt'(s', u'), u' the online agents' greedy actions (Double Q)

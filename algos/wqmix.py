@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import EpisodeReplayBuffer, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
     ArgumentError,
@@ -177,20 +177,6 @@ class WQMIX(nn.Module):
         self.central_mixer = CentralMixer(n_agents, state_dim, args)
 
 
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
-
-
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 @torch.no_grad()
 def act(agents, groups, obs, hidden, epsilon, rng, device):
     """Epsilon-greedy actions of every group over its available actions; `hidden` (group -> GRU state) advances."""
@@ -260,7 +246,7 @@ def main(args):
     if not max_len:
         raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
                             f"--max-episode-len")  # fmt: skip
-    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, episode_fields(specs, env.state_shape),
+    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs, env.state_shape),
                              alpha=args.prioritized_replay_alpha if args.prioritized else None)  # fmt: skip
     nets = {"wqmix": wqmix, "target": target}
     run = Run(args, ALGO, env, nets, {"wqmix": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
@@ -281,11 +267,10 @@ def main(args):
             global_step += args.num_envs
             # STORE: the team's step into each env's running episode; finished episodes close with their final
             # observation (a truncated episode bootstraps from it)
-            rb.add(**stored(specs, obs, actions, step))
+            rb.add(**team_step(obs, actions, step, specs, state=True))
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
-                rb.finish(done, state=final.state[done], **{f"{g}_{k}": v[done] for g in specs
-                          for k, v in agent_view(final, g).items()})  # fmt: skip
+                rb.finish(done, **agent_views(final, specs, state=True, envs=done))
                 for h in hidden.values():
                     h[:, done] = 0.0  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
@@ -313,41 +298,21 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: the episode declaration and the weighted QMIX update ---
+# --- what the loop calls: epsilon's schedule, the step counter's crossings and the weighted QMIX update ---
 
 
-def episode_fields(specs, state_shape):
-    """A stored team episode, declared once: name -> (per-step shape, dtype); row len holds the final observation."""
-    fields = {"state": (state_shape, np.float32), "reward": ((), np.float32), "terminated": ((), np.bool_)}
-    for g, spec in specs.items():
-        A = spec.n_agents
-        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_actions": ((A,), np.int64),
-                   f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
-        if spec.has_action_mask:
-            fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
-    return fields
+def linear_schedule(start_e, end_e, duration, t):
+    slope = (end_e - start_e) / max(duration, 1)
+    return max(slope * t + start_e, end_e)
 
 
-def agent_view(obs, g):
-    """What group g's agents see at one step: observations, alive mask, action mask."""
-    view = {"obs": obs.obs[g], "alive": obs.agent_mask[g]}
-    if g in obs.avail_actions:
-        view["avail"] = obs.avail_actions[g]
-    return view
+def crossings(step, advanced, every):
+    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
+    return step // every - (step - advanced) // every
 
 
-def stored(specs, obs, actions, step):
-    """One step of the team: its reward (mean over its agents) and termination (all of them), and each group's view."""
-    if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
-        raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
-                            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
-                            f"or use iql.py, mappo.py or maddpg.py, which train groups apart")  # fmt: skip
-    rewards = np.concatenate([step.rewards[g] for g in specs], 1)  # (E, N)
-    terminated = np.concatenate([step.terminated[g] for g in specs], 1)
-    out = {"state": obs.state, "reward": rewards.mean(1), "terminated": terminated.all(1)}
-    for g in specs:
-        out |= {f"{g}_{k}": v for k, v in agent_view(obs, g).items()} | {f"{g}_actions": actions[g]}
-    return out
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
 def td_targets(batch, next_values, args):
@@ -379,15 +344,15 @@ def update(wqmix, target, optimizer, rb, args, device, rng, beta):
     mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
     chosen, central_chosen, central_greedy, is_greedy = [], [], [], []
     for g, agents in wqmix.agents.items():
-        q = agents(mb[f"{g}_obs"])[0]  # (L + 1, B, A, n)
-        alive, actions = mb[f"{g}_alive"], mb[f"{g}_actions"][..., None]  # a dead agent's utility is 0 in the mix
+        q = agents(mb[f"obs_{g}"])[0]  # (L + 1, B, A, n)
+        alive, actions = mb[f"agent_mask_{g}"], mb[f"actions_{g}"][..., None]  # a dead agent's utility is 0 in the mix
         chosen.append(q[:-1].gather(-1, actions[:-1]).squeeze(-1) * alive[:-1])
-        central_q = wqmix.central_agents[g](mb[f"{g}_obs"])[0]
+        central_q = wqmix.central_agents[g](mb[f"obs_{g}"])[0]
         central_chosen.append(central_q[:-1].gather(-1, actions[:-1]).squeeze(-1) * alive[:-1])
         with torch.no_grad():  # QMIX's greedy joint action (at every step), valued by the target Q*'s agents
-            avail = mb.get(f"{g}_avail")
+            avail = mb.get(f"avail_{g}")
             best = (q if avail is None else q.masked_fill(avail == 0, -torch.inf)).argmax(-1, keepdim=True)
-            central_greedy.append(target.central_agents[g](mb[f"{g}_obs"])[0].gather(-1, best).squeeze(-1) * alive)
+            central_greedy.append(target.central_agents[g](mb[f"obs_{g}"])[0].gather(-1, best).squeeze(-1) * alive)
             is_greedy.append((best[:-1] == actions[:-1]).squeeze(-1) | (alive[:-1] == 0))
     q_tot = wqmix.mixer(torch.cat(chosen, -1), mb["state"][:-1])  # (L, B)
     q_star = wqmix.central_mixer(torch.cat(central_chosen, -1), mb["state"][:-1])

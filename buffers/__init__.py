@@ -14,7 +14,7 @@ except ImportError as e:  # no silent fallback to a slow tree
     ) from e
 
 from buffers import kernels, reference
-from buffers.episode import EpisodeReplayBuffer
+from buffers.episode import EpisodeReplayBuffer, agent_views, team_fields, team_step
 from buffers.replay import Priorities, PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition
 from buffers.rollout import RolloutBuffer
 from buffers.schema import BufferInputError, Schema, to_torch
@@ -35,5 +35,8 @@ __all__ = [
     "joint_fields",
     "joint_transition",
     "EpisodeReplayBuffer",
+    "team_fields",
+    "team_step",
+    "agent_views",
     "Snapshot",
 ]

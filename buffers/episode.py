@@ -13,7 +13,63 @@ from buffers.replay import Priorities
 from buffers.schema import BufferInputError, Schema
 from buffers.snapshot import Snapshot
 
-__all__ = ["EpisodeReplayBuffer"]
+__all__ = ["EpisodeReplayBuffer", "team_fields", "team_step", "agent_views"]
+
+
+def team_fields(groups, state_shape=None, team_reward=True):
+    """The schema of one step of a multi-agent episode, as the recurrent value-based scripts store it.
+
+    For every group ``g`` of ``groups`` (name -> ``envs.api.GroupSpec``), with ``A`` its agents: ``obs_g``
+    ``(A, *obs_shape)``, ``actions_g`` ``(A,)``, ``agent_mask_g`` ``(A,)`` and, with action masks, ``avail_g``
+    ``(A, action_dim)``. ``team_reward``: one ``reward`` and ``terminated`` per step for the team (VDN, QMIX);
+    else ``rewards_g`` and ``terminated_g`` ``(A,)`` per agent (IQL). With ``state_shape``, ``state``. The names
+    are :func:`buffers.joint_fields`'s.
+    """
+    fields = {"reward": ((), np.float32), "terminated": ((), np.bool_)} if team_reward else {}
+    for g, s in groups.items():
+        A = s.n_agents
+        fields |= {
+            f"obs_{g}": ((A, *s.obs_shape), np.float32),
+            f"actions_{g}": ((A,), np.int64),
+            f"agent_mask_{g}": ((A,), np.bool_),
+        }
+        if s.has_action_mask:
+            fields[f"avail_{g}"] = ((A, s.action_dim), np.bool_)
+        if not team_reward:
+            fields |= {f"rewards_{g}": ((A,), np.float32), f"terminated_{g}": ((A,), np.bool_)}
+    if state_shape is not None:
+        fields["state"] = (state_shape, np.float32)
+    return fields
+
+
+def agent_views(obs, groups, state=False, envs=slice(None)):
+    """What the agents of ``groups`` see in the ``envs`` of an ``Observation``, as :func:`team_fields` names it:
+    ``obs_g``, ``agent_mask_g``, ``avail_g`` where the group has action masks, and ``state`` if asked. Passed to
+    ``EpisodeReplayBuffer.finish`` with ``step.final`` and the finished envs, it stores the final observation."""
+    sources = dict(obs=obs.obs, agent_mask=obs.agent_mask, avail=obs.avail_actions)
+    out = {f"{k}_{g}": v[g][envs] for k, v in sources.items() for g in groups if g in v}
+    return out | ({"state": obs.state[envs]} if state else {})
+
+
+def team_step(obs, actions, step, groups, state=False, team_reward=True):
+    """One step of every env as :func:`team_fields` declares it, for ``EpisodeReplayBuffer.add(**...)``.
+
+    ``obs`` is the ``Observation`` acted on, ``actions`` the actions sent (group -> array), ``step`` the
+    ``StepResult``. With ``team_reward``, the team's reward is the mean over all its agents and it terminates when
+    all of them have; groups rewarded differently compete, which one team reward cannot express (an error).
+    """
+    out = agent_views(obs, groups, state) | {f"actions_{g}": actions[g] for g in groups}
+    if not team_reward:
+        return out | {f"{k}_{g}": getattr(step, k)[g] for k in ("rewards", "terminated") for g in groups}
+    if len(groups) > 1 and np.ptp([step.rewards[g].mean(1) for g in groups], 0).max() > 1e-6:
+        raise BufferInputError(
+            f"the learning groups {list(groups)} are rewarded differently, so they compete, and a team is "
+            "trained on one reward: freeze the opponents (--random-groups or --opponent), or use iql.py, "
+            "mappo.py or maddpg.py, which train groups apart"
+        )
+    rewards = np.concatenate([step.rewards[g] for g in groups], 1)  # (E, N)
+    terminated = np.concatenate([step.terminated[g] for g in groups], 1)
+    return out | {"reward": rewards.mean(1), "terminated": terminated.all(1)}
 
 
 class EpisodeReplayBuffer(Snapshot):

@@ -33,11 +33,12 @@ TINY = {
     "qmix": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
     "wqmix": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
     "qtran": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
+    "dcg": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
     "mfq": ["--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4],
     "mfac": ["--num-envs", 4, "--total-timesteps", 200],
 }
 EVAL = ["--eval-interval", 0, "--eval-episodes", 2, "--final-eval-episodes", 6]
-TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "vdac"}  # one cooperative team: simple_spread
+TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "dcg", "vdac"}  # one cooperative team: simple_spread
 
 
 def train(capsys, algo, run_dir, *flags):

@@ -1,4 +1,5 @@
-"""algos/iql.py, vdn.py, qmix.py and wqmix.py: the mixers' properties, masks and padding in the update, and each
+"""algos/iql.py, vdn.py, qmix.py, wqmix.py, qtran.py and dcg.py: the mixers' and the coordination graph's properties,
+masks and padding in the update, and each
 script end to end with tiny budgets (in this process via `runpy`, as tests/test_maddpg.py does)."""
 
 import copy
@@ -13,7 +14,7 @@ import pytest
 import script_runs
 import torch
 
-from buffers import EpisodeReplayBuffer
+from buffers import EpisodeReplayBuffer, team_fields
 from envs.api import GroupSpec, Observation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,43 +84,47 @@ def learner(algo, **flags):
     s = script(algo)
     args = s["Args"](batch_size=3, buffer_size=10, **flags)
     torch.manual_seed(0)
-    cls = {"iql": "IQL", "vdn": "VDN", "qmix": "QMIX", "wqmix": "WQMIX", "qtran": "QTRAN"}[algo]
-    net = s[cls](SPECS, STATE[0], args) if algo in ("qmix", "wqmix", "qtran") else s[cls](SPECS, args)
+    cls = {"iql": "IQL", "vdn": "VDN", "qmix": "QMIX", "wqmix": "WQMIX", "qtran": "QTRAN", "dcg": "DCG"}[algo]
+    if algo == "dcg":
+        net = s[cls](SPECS, args, max(spec.action_dim for spec in SPECS.values()))
+    else:
+        net = s[cls](SPECS, STATE[0], args) if algo in ("qmix", "wqmix", "qtran") else s[cls](SPECS, args)
     return s, net, copy.deepcopy(net), torch.optim.Adam(net.parameters(), lr=0.0), args
 
 
 def filled_buffer(s, algo, lengths=(3, 7, 5), seed=0):
     """Episodes of the given lengths with random contents in every declared field, masks included."""
-    fields = s["episode_fields"](SPECS, STATE) if algo in ("qmix", "wqmix", "qtran") else s["episode_fields"](SPECS)
+    state = STATE if algo in ("qmix", "wqmix", "qtran") else None
+    fields = team_fields(SPECS, state, team_reward=algo != "iql")
     rb = EpisodeReplayBuffer(10, max(lengths), 1, fields)
     rng = np.random.default_rng(seed)
 
     def draw(name, n):
         shape, dtype = rb.schema.fields[name]
-        if name.endswith("_actions"):
+        if name.startswith("actions_"):
             return np.zeros((n, *shape), np.int64)  # replaced by an available action below
         if dtype == np.bool_:
-            return rng.random((n, *shape)) < (0.7 if name.endswith(("_alive", "_avail")) else 0.2)
+            return rng.random((n, *shape)) < (0.7 if name.startswith(("agent_mask_", "avail_")) else 0.2)
         return rng.normal(size=(n, *shape)).astype(dtype)
 
     for length in lengths:
         for _ in range(length):
             step = {name: draw(name, 1) for name in rb.schema}
             for g, spec in SPECS.items():
-                avail = step.get(f"{g}_avail", np.ones((1, spec.n_agents, spec.action_dim), bool))
+                avail = step.get(f"avail_{g}", np.ones((1, spec.n_agents, spec.action_dim), bool))
                 avail[..., 0] = True  # at least one available action
-                step[f"{g}_actions"] = np.argmax(rng.random(avail.shape) * avail, -1)
+                step[f"actions_{g}"] = np.argmax(rng.random(avail.shape) * avail, -1)
             rb.add(**step)
-        final = {n: draw(n, 1) for n in rb.schema if not n.endswith(("_actions", "reward", "_rewards", "terminated"))}
+        final = {n: draw(n, 1) for n in rb.schema if not n.startswith(("actions_", "reward", "terminated"))}
         for g in SPECS:
-            if f"{g}_avail" in final:
-                final[f"{g}_avail"][..., 0] = True
+            if f"avail_{g}" in final:
+                final[f"avail_{g}"][..., 0] = True
         rb.finish([0], **final)
     return rb
 
 
 def loss_and_grads(s, net, target, opt, rb, args):
-    beta = () if s["ALGO"] == "qtran" else (0.4,)  # qtran samples uniformly
+    beta = () if s["ALGO"] in ("qtran", "dcg") else (0.4,)  # qtran and dcg sample uniformly
     out = s["update"](net, target, opt, rb, args, "cpu", np.random.default_rng(1), *beta)
     return out, [p.grad.clone() for p in net.parameters()]
 
@@ -127,7 +132,7 @@ def loss_and_grads(s, net, target, opt, rb, args):
 @pytest.mark.parametrize(
     "algo, flags",
     [(a, f) for a in ALGOS for f in ({}, {"seq_len": 3, "burn_in": 2}, {"td_lambda": 0.0, "n_step": 3})]
-    + [("qtran", {})],
+    + [("qtran", {}), ("dcg", {}), ("dcg", {"payoff_rank": 2, "graph": "cycle"})],
 )
 def test_padding_never_reaches_the_loss(algo, flags):
     s, net, target, opt, args = learner(algo, **flags)
@@ -137,7 +142,7 @@ def test_padding_never_reaches_the_loss(algo, flags):
     for slot, length in enumerate(rb.lengths[: len(rb)]):  # garbage in every row after the final observation
         for name, arr in rb.data.items():
             pad = arr[slot, length + 1 :]
-            if name.endswith("_actions"):
+            if name.startswith("actions_"):
                 pad[...] = rng.integers(0, pad.shape[-1] if pad.ndim > 1 else 3, pad.shape) % 3
             elif arr.dtype == np.bool_:
                 pad[...] = rng.random(pad.shape) < 0.5
@@ -160,7 +165,7 @@ def test_one_step_targets_take_the_best_available_next_action(algo):
             for agent in m.agents["unit"].nets:
                 agent.head.bias[1] += 100.0
     rb = filled_buffer(s, algo, lengths=(4, 6, 5), seed=3)
-    rb.data["unit_avail"][..., 1] = False  # never available: a max that ignores the mask is off by ~100
+    rb.data["avail_unit"][..., 1] = False  # never available: a max that ignores the mask is off by ~100
     out = s["update"](net, target, opt, rb, args, "cpu", np.random.default_rng(1), 0.4)
     batch = rb.sample(3, np.random.default_rng(1))  # the batch the update drew
     b = {k: torch.as_tensor(v) for k, v in batch.items()}
@@ -168,21 +173,21 @@ def test_one_step_targets_take_the_best_available_next_action(algo):
     chosen, best = {}, {}
     with torch.no_grad():
         for g, agents in net.agents.items():
-            q = agents(b[f"{g}_obs"].float())[0]
-            chosen[g] = q[:-1].gather(-1, b[f"{g}_actions"][:-1, ..., None]).squeeze(-1)
-            masked = q.masked_fill(~b[f"{g}_avail"], -torch.inf) if f"{g}_avail" in b else q
+            q = agents(b[f"obs_{g}"].float())[0]
+            chosen[g] = q[:-1].gather(-1, b[f"actions_{g}"][:-1, ..., None]).squeeze(-1)
+            masked = q.masked_fill(~b[f"avail_{g}"], -torch.inf) if f"avail_{g}" in b else q
             best[g] = q[1:].gather(-1, masked[1:].argmax(-1, keepdim=True)).squeeze(-1)  # online == target here
             assert best[g][mask.bool()].max() < 50  # the masked-out action is never the max
         if algo == "iql":
             sq, n = 0.0, 0.0
             for g in SPECS:
-                alive = b[f"{g}_alive"].float()
-                y = b[f"{g}_rewards"][:-1] + args.gamma * (~b[f"{g}_terminated"][:-1]).float() * best[g]
+                alive = b[f"agent_mask_{g}"].float()
+                y = b[f"rewards_{g}"][:-1] + args.gamma * (~b[f"terminated_{g}"][:-1]).float() * best[g]
                 m = mask[..., None] * alive[:-1]
                 sq, n = sq + (m * (chosen[g] - y) ** 2).sum(), n + m.sum()
             expected = sq / n
         else:
-            alive = {g: b[f"{g}_alive"].float() for g in SPECS}
+            alive = {g: b[f"agent_mask_{g}"].float() for g in SPECS}
             qs = torch.cat([chosen[g] * alive[g][:-1] for g in SPECS], -1)
             nxt = torch.cat([best[g] * alive[g][1:] for g in SPECS], -1)
             q_tot = net.mixer(qs, b["state"][:-1])
@@ -214,7 +219,7 @@ def test_acting_respects_action_masks(algo):
 # --- the scripts end to end -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", [*ALGOS, "qtran"])
+@pytest.mark.parametrize("algo", [*ALGOS, "qtran", "dcg"])
 def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions(algo, tmp_path, capsys):
     run_inline(capsys, algo, "--total-timesteps", 200, "--eval-interval", 100, "--run-dir", tmp_path)
     for name in ("config.json", "last.pt", "best.pt", "final_eval.json", "DONE"):
@@ -231,7 +236,7 @@ def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions
     assert reloaded == pytest.approx(float(np.mean(final)), abs=0.01)
 
 
-@pytest.mark.parametrize("algo", [*ALGOS, "qtran"])
+@pytest.mark.parametrize("algo", [*ALGOS, "qtran", "dcg"])
 def test_same_seed_same_first_losses_and_another_seed_differs(algo, tmp_path, capsys):
     common = ["--total-timesteps", 120, "--eval-episodes", 1]
     for name, seed, every in (("a", 3, 0), ("b", 3, 50), ("c", 4, 0)):  # an evaluation in between changes nothing
@@ -247,6 +252,7 @@ def test_same_seed_same_first_losses_and_another_seed_differs(algo, tmp_path, ca
         ("vdn", ["--seq-len", 3, "--burn-in", 1]),
         ("qmix", ["--prioritized", "--td-lambda", 0, "--n-step", 2]),
         ("wqmix", ["--weighting", "cw", "--no-share-params", "--tau", 0.05]),
+        ("dcg", ["--graph", "line", "--payoff-rank", 1, "--no-share-params"]),
     ],
 )
 def test_masks_dead_agents_and_variants_on_a_scripted_env(algo, flags, tmp_path, capsys):
@@ -275,6 +281,8 @@ def test_a_group_frozen_to_random_actions_on_a_competitive_env(tmp_path, capsys)
         ("vdn", ["--random-groups", "agent"], "nothing would learn"),
         ("qmix", ["--env", "simple_adversary_v3"], "are rewarded differently, so they compete"),
         ("qtran", ["--opt-loss", -1], "--opt-loss and --nopt-loss must be >= 0"),
+        ("dcg", ["--payoff-rank", -1], "--payoff-rank must be >= 0"),
+        ("dcg", ["--graph", "tree"], "--graph 'tree' must be one of full, line, cycle, star, none"),
     ],
 )
 def test_bad_input_fails_with_one_clear_error(algo, flags, message, capsys):
@@ -291,12 +299,80 @@ MATRIX = ["--env", "matrix_qtran", "--num-envs", 8, "--total-timesteps", 16000, 
           "--target-network-frequency", 400, "--end-e", 1.0]  # fmt: skip
 
 
-def test_qtran_finds_the_optimum_of_the_non_monotonic_game_that_vdn_cannot_represent(tmp_path, capsys):
-    """Son et al. 2019, Table 1: from uniformly explored data, QTRAN's greedy joint action is the 8 surrounded by -12;
-    VDN's sum of utilities cannot express that payoff and settles on a 0 (results/matrix_qtran has the seeds)."""
+def test_qtran_and_dcg_find_the_optimum_of_the_non_monotonic_game_that_vdn_cannot_represent(tmp_path, capsys):
+    """Son et al. 2019, Table 1: from uniformly explored data, QTRAN's greedy joint action is the 8 surrounded by -12,
+    and so is DCG's, whose payoff matrix on the one edge can hold any 3 x 3 table (Böhmer et al. 2020); VDN's sum of
+    utilities cannot express that payoff and settles on a 0 (results/matrix_qtran has the seeds)."""
     finals = {}
-    for algo in ("qtran", "vdn"):
+    for algo in ("qtran", "dcg", "vdn"):
         script_runs.run_inline(capsys, algo, *MATRIX, "--seed", 1, "--batch-size", 32, "--buffer-size", 5000,
                                "--run-dir", tmp_path / algo)  # fmt: skip
         finals[algo] = json.loads((tmp_path / algo / "final_eval.json").read_text())["mean"]
-    assert finals == {"qtran": 8.0, "vdn": 0.0}
+    assert finals == {"qtran": 8.0, "dcg": 8.0, "vdn": 0.0}
+
+
+# --- DCG's coordination graph ------------------------------------------------------------------------------------
+
+
+def coordination_graph(graph, n_agents=4, n_actions=3, rank=0, hidden=5):
+    s = script("dcg")
+    spec = GroupSpec("team", tuple(f"a{i}" for i in range(n_agents)), (2,), np.float32, True, n_actions)
+    args = s["Args"](graph=graph, payoff_rank=rank, hidden_size=hidden)
+    torch.manual_seed(0)
+    return s["DCG"]({"team": spec}, args, n_actions)
+
+
+def brute_force(dcg, f_i, f_ij, avail, alive):
+    """Every joint action's Q, the best available one per batch row: (B, N)."""
+    B, N, n = f_i.shape
+    joint = torch.cartesian_prod(*[torch.arange(n)] * N)  # (n^N, N)
+    J = len(joint)
+    q = dcg.q_value(
+        f_i[:, None].expand(B, J, N, n), f_ij[:, None].expand(B, J, *f_ij.shape[1:]), joint.expand(B, J, N),
+        alive[:, None].expand(B, J, N),
+    )  # (B, n^N)
+    allowed = avail[:, None].expand(B, J, N, n).gather(-1, joint.expand(B, J, N)[..., None]).squeeze(-1).all(-1)
+    return joint[q.masked_fill(~allowed, -torch.inf).argmax(-1)]
+
+
+@pytest.mark.parametrize("graph", ["line", "star", "none"])
+def test_max_sum_equals_the_brute_force_argmax_on_a_graph_without_cycles(graph):
+    """On a tree, max-sum is exact (Kok and Vlassis 2006): the greedy joint action is the best of all n^N, with
+    unavailable actions never chosen and a dead agent's terms out of the value."""
+    dcg = coordination_graph(graph)
+    g = torch.Generator().manual_seed(1)
+    f_i = torch.randn(200, 4, 3, generator=g)
+    f_ij = 3 * torch.randn(200, len(dcg.edges_from), 3, 3, generator=g)
+    avail = torch.rand(200, 4, 3, generator=g) < 0.7
+    avail[..., 0] = True
+    alive = (torch.rand(200, 4, generator=g) < 0.9).float()
+    greedy = script("dcg")["max_sum"](dcg, f_i, f_ij, avail, alive, iterations=8)
+    expected = brute_force(dcg, f_i, f_ij, avail, alive)
+    q, best = dcg.q_value(f_i, f_ij, greedy, alive), dcg.q_value(f_i, f_ij, expected, alive)
+    torch.testing.assert_close(q, best)  # ties between joint actions of equal value may pick either
+    assert avail.gather(-1, greedy[..., None]).all()
+
+
+def test_max_sum_on_the_full_graph_is_exact_for_two_agents_and_close_for_four():
+    """Dense graphs have cycles, where max-sum is an approximation: the anytime extension keeps its best joint
+    action, which is never worth more than the true optimum and is the optimum on most random payoffs."""
+    for n_agents, share in ((2, 1.0), (4, 0.8)):
+        dcg = coordination_graph("full", n_agents)
+        g = torch.Generator().manual_seed(2)
+        f_i, f_ij = torch.randn(300, n_agents, 3, generator=g), torch.randn(300, len(dcg.edges_from), 3, 3, generator=g)
+        avail, alive = torch.ones(300, n_agents, 3, dtype=torch.bool), torch.ones(300, n_agents)
+        q = dcg.q_value(f_i, f_ij, script("dcg")["max_sum"](dcg, f_i, f_ij, avail, alive, iterations=8), alive)
+        best = dcg.q_value(f_i, f_ij, brute_force(dcg, f_i, f_ij, avail, alive), alive)
+        assert (q <= best + 1e-6).all() and (q >= best - 1e-6).float().mean() >= share
+
+
+def test_payoffs_are_symmetric_in_an_edges_ends_and_low_rank_when_asked():
+    """f_ij(u_i, u_j) computed from [h_i, h_j] is f_ji(u_j, u_i) from [h_j, h_i]: the payoff of an edge does not
+    depend on which end the graph lists first; with --payoff-rank K each matrix has rank at most 2K."""
+    dcg = coordination_graph("full", rank=0)
+    h = torch.randn(6, 4, 5)
+    f_ij = dcg.payoffs(h)
+    swapped = dcg.payoffs(h[:, [1, 0, 2, 3]])  # agents 0 and 1 trade places: edge (0, 1) is read from the other end
+    torch.testing.assert_close(swapped[:, 0], f_ij[:, 0].transpose(-1, -2))
+    low = coordination_graph("full", n_actions=6, rank=1)
+    assert torch.linalg.matrix_rank(low.payoffs(torch.randn(6, 4, 5))).max() <= 2
