@@ -17,20 +17,20 @@ __all__ = ["EpisodeReplayBuffer", "team_fields", "team_step", "agent_views"]
 
 
 def team_fields(groups, state_shape=None, team_reward=True):
-    """The schema of one step of a multi-agent episode, as the recurrent value-based scripts store it.
+    """The schema of one step of a multi-agent team, as the value-decomposition scripts store it (and HAPPO's rollout).
 
     For every group ``g`` of ``groups`` (name -> ``envs.api.GroupSpec``), with ``A`` its agents: ``obs_g``
-    ``(A, *obs_shape)``, ``actions_g`` ``(A,)``, ``agent_mask_g`` ``(A,)`` and, with action masks, ``avail_g``
-    ``(A, action_dim)``. ``team_reward``: one ``reward`` and ``terminated`` per step for the team (VDN, QMIX);
-    else ``rewards_g`` and ``terminated_g`` ``(A,)`` per agent (IQL). With ``state_shape``, ``state``. The names
-    are :func:`buffers.joint_fields`'s.
+    ``(A, *obs_shape)``, ``actions_g`` ``(A,)`` indices or ``(A, action_dim)`` vectors for continuous actions,
+    ``agent_mask_g`` ``(A,)`` and, with action masks, ``avail_g`` ``(A, action_dim)``. ``team_reward``: one
+    ``reward`` and ``terminated`` per step for the team (VDN, QMIX); else ``rewards_g`` and ``terminated_g`` ``(A,)``
+    per agent (IQL). With ``state_shape``, ``state``. The names are :func:`buffers.joint_fields`'s.
     """
     fields = {"reward": ((), np.float32), "terminated": ((), np.bool_)} if team_reward else {}
     for g, s in groups.items():
         A = s.n_agents
         fields |= {
             f"obs_{g}": ((A, *s.obs_shape), np.float32),
-            f"actions_{g}": ((A,), np.int64),
+            f"actions_{g}": ((A,), np.int64) if s.discrete else ((A, s.action_dim), np.float32),
             f"agent_mask_{g}": ((A,), np.bool_),
         }
         if s.has_action_mask:
