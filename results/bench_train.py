@@ -3,6 +3,7 @@ and where the time goes.
 
     python results/bench_train.py            # writes results/speed/train.md and train.json
     python results/bench_train.py --algos mappo,iql,vdn,qmix,wqmix,coma,vdac --name train_team  # the newer scripts
+    python results/bench_train.py --algos qmix,qtran,dcg,mappo,happo --name train_siblings  # issue 43's, by a sibling
 
 Each script runs as a subprocess with the settings used for the results (its defaults: for the PPO scripts
 128 envs, 25-step rollouts, 10 epochs; for the DDPG family 128 envs, one update of 256 per 256 transitions)
@@ -90,6 +91,39 @@ for _algo in ("masac", "isac"):
         ("add", "buffers/replay.py"): "storing the step (ReplayBuffer.add)",
         ("add_scalar", "torch/utils/tensorboard/writer.py"): "TensorBoard logging",
     }
+PHASES["qtran"] = {
+    ("update", "algos/qtran.py"): "updates (sampling, GRU unrolls of agents and target agents, joint Q and V, three "
+    "losses, backward, Adam)",
+    ("sample", "buffers/episode.py"): "- of which sampling 32 episodes (EpisodeReplayBuffer.sample)",
+    ("<built-in method torch.gru>", "~"): "- of which GRU unrolls, forward (torch.gru; acting's single steps too)",
+    ("<method 'run_backward' of 'torch._C._EngineBase' objects>", "~"): "- of which backward",
+    ("act", "algos/qtran.py"): "acting (one GRU step of every agent, epsilon-greedy over available actions)",
+    ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+    ("add", "buffers/episode.py"): "storing the steps (EpisodeReplayBuffer.add, finish)",
+    ("finish", "buffers/episode.py"): "storing the steps (EpisodeReplayBuffer.add, finish)",
+}
+PHASES["dcg"] = {
+    ("update", "algos/dcg.py"): "updates (sampling, GRU unrolls, payoffs, max-sum of the targets' joint actions, "
+    "backward, Adam)",
+    ("<built-in method torch.gru>", "~"): "- GRU unrolls, forward (torch.gru; acting's single steps too)",
+    ("payoffs", "algos/dcg.py:DCG"): "- payoff matrices of every edge (acting and updates)",
+    ("max_sum", "algos/dcg.py"): "- max-sum message passing, 8 rounds (acting and updates' targets)",
+    ("<method 'run_backward' of 'torch._C._EngineBase' objects>", "~"): "- backward",
+    ("act", "algos/dcg.py"): "acting (one GRU step of every agent, payoffs, max-sum, epsilon-greedy)",
+    ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+    ("add", "buffers/episode.py"): "storing the steps (EpisodeReplayBuffer.add, finish)",
+    ("finish", "buffers/episode.py"): "storing the steps (EpisodeReplayBuffer.add, finish)",
+}
+PHASES["happo"] = {
+    ("update_agent", "algos/happo.py"): "actor updates, agent after agent (10 epochs each, and each one's new ratios)",
+    ("update_critic", "algos/happo.py"): "critic update (10 epochs)",
+    ("act", "algos/happo.py"): "acting (each agent's actor forward, sampling)",
+    ("value", "algos/happo.py:Team"): "critic values while acting",
+    ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+    ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
+    ("compute_gae", "buffers/rollout.py"): "targets (RolloutBuffer.compute_gae)",
+}
+SIBLINGS = {"qtran": "qmix", "dcg": "qmix", "happo": "mappo"}  # a newer script beside the one it extends
 SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
 # published variants (results/<env>/<algo>-<variant>.json) timed too, on the Numba MPE: their flags
 VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
@@ -221,6 +255,13 @@ def markdown(report):
         pz = next(r["sps"] for r in mine if r["backend"] == "pettingzoo" and r["vector"] == "sync")
         best_pz = max(r["sps"] for r in mine if r["backend"] == "pettingzoo")
         lines.append(f"| {algo} | {numba / pz:.1f}x | {numba / raw:.1f}x | {best_pz / raw:.2f}x |")
+    numba = {r["algo"]: r["sps"] for r in report["runs"] if r["backend"] == "numba" and r["torch_threads"] == 1
+             and not r.get("flags")}  # fmt: skip
+    pairs = [(a, b) for a, b in SIBLINGS.items() if a in numba and b in numba]
+    if pairs:
+        lines += ["", "Beside its nearest sibling, measured in the same run (Numba MPE, 1 thread):", "",
+                  "| script | sibling | script / sibling |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {a} | {b} | {numba[a] / numba[b]:.2f}x |" for a, b in pairs]
     lines += [
         "",
         "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s, its "
