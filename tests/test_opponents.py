@@ -22,6 +22,7 @@ TINY = {
     "mappo": ["--num-envs", 4, "--total-timesteps", 200],
     "ippo": ["--num-envs", 4, "--total-timesteps", 200],
     "happo": ["--num-envs", 4, "--total-timesteps", 200],
+    "commnet": ["--num-envs", 4, "--total-timesteps", 200],
     "coma": ["--num-envs", 4, "--total-timesteps", 200],
     "vdac": ["--num-envs", 4, "--total-timesteps", 200],
     "maddpg": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
@@ -39,7 +40,7 @@ TINY = {
     "mfac": ["--num-envs", 4, "--total-timesteps", 200],
 }
 EVAL = ["--eval-interval", 0, "--eval-episodes", 2, "--final-eval-episodes", 6]
-TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "dcg", "vdac", "happo"}  # one cooperative team: simple_spread
+TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "dcg", "vdac", "happo", "commnet"}  # one cooperative team: simple_spread
 
 
 def train(capsys, algo, run_dir, *flags):
