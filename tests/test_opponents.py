@@ -23,6 +23,7 @@ TINY = {
     "ippo": ["--num-envs", 4, "--total-timesteps", 200],
     "happo": ["--num-envs", 4, "--total-timesteps", 200],
     "commnet": ["--num-envs", 4, "--total-timesteps", 200],
+    "ic3net": ["--num-envs", 4, "--total-timesteps", 200],
     "coma": ["--num-envs", 4, "--total-timesteps", 200],
     "vdac": ["--num-envs", 4, "--total-timesteps", 200],
     "maddpg": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
@@ -40,7 +41,8 @@ TINY = {
     "mfac": ["--num-envs", 4, "--total-timesteps", 200],
 }
 EVAL = ["--eval-interval", 0, "--eval-episodes", 2, "--final-eval-episodes", 6]
-TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "dcg", "vdac", "happo", "commnet"}  # one cooperative team: simple_spread
+# one cooperative team: simple_spread
+TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "dcg", "vdac", "happo", "commnet", "ic3net"}
 
 
 def train(capsys, algo, run_dir, *flags):
