@@ -24,6 +24,7 @@ TINY = {
     "happo": ["--num-envs", 4, "--total-timesteps", 200],
     "commnet": ["--num-envs", 4, "--total-timesteps", 200],
     "ic3net": ["--num-envs", 4, "--total-timesteps", 200],
+    "tarmac": ["--num-envs", 4, "--total-timesteps", 200],
     "coma": ["--num-envs", 4, "--total-timesteps", 200],
     "vdac": ["--num-envs", 4, "--total-timesteps", 200],
     "maddpg": ["--num-envs", 4, "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 16],
@@ -42,7 +43,7 @@ TINY = {
 }
 EVAL = ["--eval-interval", 0, "--eval-episodes", 2, "--final-eval-episodes", 6]
 # one cooperative team: simple_spread
-TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "dcg", "vdac", "happo", "commnet", "ic3net"}
+TEAM_ONLY = {"vdn", "qmix", "wqmix", "qtran", "dcg", "vdac", "happo", "commnet", "ic3net", "tarmac"}
 
 
 def train(capsys, algo, run_dir, *flags):
