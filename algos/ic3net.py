@@ -108,10 +108,14 @@ class IC3Net(nn.Module):
         heard = (speakers.sum(1, keepdim=True) - speakers) / others[..., None]
         return self.comm(heard) * (alive * talk)[..., None]
 
-    def step(self, obs, h, alive, talk):
-        """One step of every agent: obs group -> (B, A, *obs_shape), h (B, N, H), alive (B, N), the gates of the
+    def encode(self, obs):  # obs group -> (..., A, *obs_shape) -> e(o) of every agent (..., N, H)
+        return torch.cat(
+            [self.encoders[g](self.obs_norms[g](o.flatten(-len(self.specs[g].obs_shape)))) for g, o in obs.items()], -2
+        )
+
+    def step(self, x, h, alive, talk):
+        """One step of every agent: its encoded observation x (B, N, H), h (B, N, H), alive (B, N), the gates of the
         step before (B, N) -> next h (B, N, H)."""
-        x = torch.cat([self.encoders[g](self.obs_norms[g](o.flatten(2))) for g, o in obs.items()], 1)
         if self.comm_on:
             x = x + self.messages(h, alive, talk)
         B, N, H = h.shape
@@ -169,7 +173,7 @@ def act(net, obs, h, talk, device, greedy=False):
     clipping to the Box), their log-probabilities, the new hidden states h (E, N, H), the new gates and their
     log-probabilities (E, N) and the team's value (E,). `talk`: the gates of the step before."""
     o, avail, alive = views(net, obs, device)
-    h = net.step(o, h, alive, talk)
+    h = net.step(net.encode(o), h, alive, talk)
     g_dist = net.gates(h)
     gate = g_dist.mode if greedy else g_dist.sample()
     actions, taken, logprobs = {}, {}, {}
@@ -338,10 +342,11 @@ def unroll(net, mb):
     """The rollout's sequences replayed through the GRU and the messages, from their stored first hidden states:
     group -> distributions over (L, B, A) actions, the gates' over (L * B, N), team values (L, B), alive (L, B, N)."""
     alive = torch.cat([mb[f"agent_mask_{g}"] for g in net.specs], 2).float()  # (L, B, N)
+    x = net.encode({g: mb[f"obs_{g}"] for g in net.specs})  # (L, B, N, H): every step's inputs at once
     h, hs = mb["h"][0], []
     for step in range(len(alive)):
         h = h * (1.0 - mb["starts"][step].float())[:, None, None]  # an episode began here: from zero
-        h = net.step({g: mb[f"obs_{g}"][step] for g in net.specs}, h, alive[step], mb["talk"][step])
+        h = net.step(x[step], h, alive[step], mb["talk"][step])
         hs.append(h)
     hs = torch.stack(hs)  # (L, B, N, H)
     avail = {g: mb[f"avail_{g}"].flatten(0, 1) for g in net.specs if f"avail_{g}" in mb}

@@ -112,9 +112,13 @@ class TarMAC(nn.Module):
     def messages(self, h, alive):  # C c_i, nothing to a dead agent: (B, N, H), (B, N) -> (B, N, H)
         return self.comm(self.attention(h, alive) @ self.message(h)) * alive[..., None]
 
-    def step(self, obs, h, alive):
-        """One step of every agent: obs group -> (B, A, *obs_shape), h (B, N, H), alive (B, N) -> next h (B, N, H)."""
-        x = torch.cat([self.encoders[g](self.obs_norms[g](o.flatten(2))) for g, o in obs.items()], 1)
+    def encode(self, obs):  # obs group -> (..., A, *obs_shape) -> e(o) of every agent (..., N, H)
+        return torch.cat(
+            [self.encoders[g](self.obs_norms[g](o.flatten(-len(self.specs[g].obs_shape)))) for g, o in obs.items()], -2
+        )
+
+    def step(self, x, h, alive):
+        """One step of every agent: encoded observations x (B, N, H), h (B, N, H), alive (B, N) -> next h (B, N, H)."""
         if self.comm_on:
             x = x + self.messages(h, alive)
         B, N, H = h.shape
@@ -168,7 +172,7 @@ def act(net, obs, h, device, greedy=False):
     """One step of the team: actions (numpy, what env.step takes), the samples to store (Gaussian samples before
     clipping to the Box), their log-probabilities, the new hidden states h (E, N, H) and the team's value (E,)."""
     o, avail, alive = views(net, obs, device)
-    h = net.step(o, h, alive)
+    h = net.step(net.encode(o), h, alive)
     actions, taken, logprobs = {}, {}, {}
     for g, d in net.dists(h, avail).items():
         spec = net.specs[g]
@@ -321,10 +325,11 @@ def unroll(net, mb):
     """The rollout's sequences replayed through the GRU and the messages, from their stored first hidden states:
     group -> distributions over (L, B, A) actions, team values (L, B), alive (L, B, N)."""
     alive = torch.cat([mb[f"agent_mask_{g}"] for g in net.specs], 2).float()  # (L, B, N)
+    x = net.encode({g: mb[f"obs_{g}"] for g in net.specs})  # (L, B, N, H): every step's inputs at once
     h, hs = mb["h"][0], []
     for step in range(len(alive)):
         h = h * (1.0 - mb["starts"][step].float())[:, None, None]  # an episode began here: from zero
-        h = net.step({g: mb[f"obs_{g}"][step] for g in net.specs}, h, alive[step])
+        h = net.step(x[step], h, alive[step])
         hs.append(h)
     hs = torch.stack(hs)  # (L, B, N, H)
     avail = {g: mb[f"avail_{g}"].flatten(0, 1) for g in net.specs if f"avail_{g}" in mb}

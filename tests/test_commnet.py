@@ -52,11 +52,11 @@ def test_a_message_is_the_mean_of_the_other_living_agents_states_and_no_comm_zer
     obs = {"unit": torch.randn(5, 3, 4), "scout": torch.randn(5, 1, 2)}
     h2 = h.clone()
     h2[:, 3] += 1.0  # the scout's state changes: the units hear it, unless nobody talks
-    talk = net.step(obs, h, torch.ones(5, 4)), net.step(obs, h2, torch.ones(5, 4))
+    talk = net.step(net.encode(obs), h, torch.ones(5, 4)), net.step(net.encode(obs), h2, torch.ones(5, 4))
     assert (talk[0][:, :3] - talk[1][:, :3]).abs().min() > 0
     silent = commnet["CommNet"](SPECS, commnet["Args"](hidden_size=6, comm=False))
     silent.load_state_dict(net.state_dict())
-    quiet = silent.step(obs, h, torch.ones(5, 4)), silent.step(obs, h2, torch.ones(5, 4))
+    quiet = silent.step(silent.encode(obs), h, torch.ones(5, 4)), silent.step(silent.encode(obs), h2, torch.ones(5, 4))
     torch.testing.assert_close(quiet[0][:, :3], quiet[1][:, :3])
 
 

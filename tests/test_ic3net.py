@@ -55,7 +55,7 @@ def test_a_closed_gate_sends_and_hears_nothing_and_an_open_one_hears_the_open_ot
     obs = {"unit": torch.randn(4, 3, 4), "scout": torch.randn(4, 1, 2)}
     h2 = h.clone()
     h2[:, 3] += 1.0  # the scout's state changes: heard only through its open gate
-    steps = [net.step(obs, x, torch.ones(4, 4), talk) for x in (h, h2)]
+    steps = [net.step(net.encode(obs), x, torch.ones(4, 4), talk) for x in (h, h2)]
     torch.testing.assert_close(steps[0][[1, 3], :3], steps[1][[1, 3], :3])  # scout silent (b=1) or all closed (b=3)
     assert (steps[0][0, :3] - steps[1][0, :3]).abs().min() > 0  # everyone open: the units hear the scout
 

@@ -55,11 +55,11 @@ def test_a_receiver_hears_the_attention_weighted_values_of_the_living_senders(ta
     obs = {"unit": torch.randn(4, 3, 4), "scout": torch.randn(4, 1, 2)}
     h2 = h.clone()
     h2[:, 3] += 1.0  # the scout's state changes: the units hear it, unless nobody talks
-    talk = net.step(obs, h, torch.ones(4, 4)), net.step(obs, h2, torch.ones(4, 4))
+    talk = net.step(net.encode(obs), h, torch.ones(4, 4)), net.step(net.encode(obs), h2, torch.ones(4, 4))
     assert (talk[0][:, :3] - talk[1][:, :3]).abs().min() > 0
     silent = tarmac["TarMAC"](SPECS, tarmac["Args"](hidden_size=6, key_size=3, value_size=5, comm=False))
     silent.load_state_dict(net.state_dict())
-    quiet = silent.step(obs, h, torch.ones(4, 4)), silent.step(obs, h2, torch.ones(4, 4))
+    quiet = silent.step(silent.encode(obs), h, torch.ones(4, 4)), silent.step(silent.encode(obs), h2, torch.ones(4, 4))
     torch.testing.assert_close(quiet[0][:, :3], quiet[1][:, :3])
 
 
