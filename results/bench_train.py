@@ -4,6 +4,7 @@ and where the time goes.
     python results/bench_train.py            # writes results/speed/train.md and train.json
     python results/bench_train.py --algos mappo,iql,vdn,qmix,wqmix,coma,vdac --name train_team  # the newer scripts
     python results/bench_train.py --algos qmix,qtran,dcg,mappo,happo --name train_siblings  # issue 43's, by a sibling
+    python results/bench_train.py --algos mappo,commnet,ic3net,tarmac --steps 64000 --pz-steps 8000 --name train_comm
 
 Each script runs as a subprocess with the settings used for the results (its defaults: for the PPO scripts
 128 envs, 25-step rollouts, 10 epochs; for the DDPG family 128 envs, one update of 256 per 256 transitions)
@@ -123,9 +124,12 @@ PHASES["happo"] = {
     ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
     ("compute_gae", "buffers/rollout.py"): "targets (RolloutBuffer.compute_gae)",
 }
-SIBLINGS = {"qtran": "qmix", "dcg": "qmix", "happo": "mappo"}  # a newer script beside the one it extends
+# a newer script beside the one it extends: (script, its flags); the communication scripts beside recurrent MAPPO
+SIBLINGS = {"qtran": ("qmix", ""), "dcg": ("qmix", ""), "happo": ("mappo", ""), "commnet": ("mappo", "--rnn"),
+            "ic3net": ("mappo", "--rnn"), "tarmac": ("mappo", "--rnn")}  # fmt: skip
 SUBPROC_ALGOS = ("mappo", "maddpg")  # also timed with mpe2 in worker processes (--vector subproc)
 # published variants (results/<env>/<algo>-<variant>.json) timed too, on the Numba MPE: their flags
+VARIANTS_OF_SIBLINGS = {"mappo": ["--rnn"]}  # timed when a communication script is timed beside it
 VARIANTS = {"maddpg": ["--train-frequency 64", "--batch-size 1024"], "iddpg": ["--train-frequency 64"]}
 
 
@@ -200,6 +204,8 @@ def main():
             runs += [("pettingzoo", args.pz_steps, 1, "sync", "")]
             runs += [("pettingzoo", args.pz_steps, 1, "subproc", "")] if algo in SUBPROC_ALGOS else []
             runs += [("numba", args.steps, 1, "sync", extra) for extra in VARIANTS.get(algo, [])]
+            if any(SIBLINGS.get(a, ("", ""))[0] == algo and SIBLINGS[a][1] for a in args.algos.split(",")):
+                runs += [("numba", args.steps, 1, "sync", x) for x in VARIANTS_OF_SIBLINGS.get(algo, [])]
             for backend, steps, threads, vector, extra in runs:
                 value, cmd = sps(algo, backend, steps, threads, tmp, vector, extra)
                 rows.append(dict(algo=algo, backend=backend, vector=vector, torch_threads=threads, steps=steps,
@@ -255,13 +261,13 @@ def markdown(report):
         pz = next(r["sps"] for r in mine if r["backend"] == "pettingzoo" and r["vector"] == "sync")
         best_pz = max(r["sps"] for r in mine if r["backend"] == "pettingzoo")
         lines.append(f"| {algo} | {numba / pz:.1f}x | {numba / raw:.1f}x | {best_pz / raw:.2f}x |")
-    numba = {r["algo"]: r["sps"] for r in report["runs"] if r["backend"] == "numba" and r["torch_threads"] == 1
-             and not r.get("flags")}  # fmt: skip
-    pairs = [(a, b) for a, b in SIBLINGS.items() if a in numba and b in numba]
+    numba = {(r["algo"], r.get("flags") or ""): r["sps"] for r in report["runs"] if r["backend"] == "numba"
+             and r["torch_threads"] == 1}  # fmt: skip
+    pairs = [(a, b) for a, b in SIBLINGS.items() if (a, "") in numba and b in numba]
     if pairs:
         lines += ["", "Beside its nearest sibling, measured in the same run (Numba MPE, 1 thread):", "",
                   "| script | sibling | script / sibling |", "|---|---|---|"]  # fmt: skip
-        lines += [f"| {a} | {b} | {numba[a] / numba[b]:.2f}x |" for a, b in pairs]
+        lines += [f"| {a} | {' '.join(b).strip()} | {numba[(a, '')] / numba[b]:.2f}x |" for a, b in pairs]
     lines += [
         "",
         "Reference points on this machine class: the reference library's MAPPO trains at ~900 env-steps/s, its "
