@@ -376,3 +376,15 @@ def test_payoffs_are_symmetric_in_an_edges_ends_and_low_rank_when_asked():
     torch.testing.assert_close(swapped[:, 0], f_ij[:, 0].transpose(-1, -2))
     low = coordination_graph("full", n_actions=6, rank=1)
     assert torch.linalg.matrix_rank(low.payoffs(torch.randn(6, 4, 5))).max() <= 2
+
+
+def test_independent_learners_overgeneralize_on_the_climbing_game_and_dcg_does_not(tmp_path, capsys):
+    """Claus and Boutilier 1998: against an exploring partner, the optimum's actions (11, beside -30s) look worst, and
+    independent learners settle on the safe corner worth 5; DCG's payoff matrix holds the table and finds the 11
+    (results/matrix_climbing has 5 seeds of five scripts)."""
+    finals = {}
+    for algo in ("iql", "dcg"):
+        flags = [*MATRIX, "--env", "matrix_climbing", "--seed", 0, "--batch-size", 32, "--buffer-size", 5000]
+        script_runs.run_inline(capsys, algo, *flags, "--run-dir", tmp_path / algo)
+        finals[algo] = json.loads((tmp_path / algo / "final_eval.json").read_text())["mean"]
+    assert finals == {"iql": 5.0, "dcg": 11.0}
