@@ -232,6 +232,10 @@ def main(args):
             f"--total-timesteps {args.total_timesteps} is less than one rollout "
             f"(--num-envs x --num-steps = {args.batch_size})",
         ),
+        (
+            min(args.key_size, args.value_size) >= 1,
+            f"--key-size {args.key_size} and --value-size {args.value_size} must be >= 1",
+        ),
     )
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
