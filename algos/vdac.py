@@ -9,9 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributions import Categorical
 
-from buffers import RolloutBuffer, to_torch
+from buffers import RolloutBuffer, team_fields, team_step, to_torch
 from runtime import (
-    ArgumentError,
     InputNorm,
     MultiAgentArgs,
     Run,
@@ -145,16 +144,8 @@ class VDAC(nn.Module):
 
     def update_input_norms(self, rb):  # after the update: the next rollout and its update see the same statistics
         for g, agents in self.agents.items():
-            agents.obs_norm.update(rb[f"{g}_obs"], alive=rb[f"{g}_alive"])
+            agents.obs_norm.update(rb[f"obs_{g}"], alive=rb[f"agent_mask_{g}"])
         self.state_norm.update(rb["state"])
-
-
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
-def masked_mean(mask, x):
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def dist(logits, avail=None):  # action masks: unavailable actions get zero probability
@@ -236,12 +227,18 @@ def main(args):
                 # STORE: a truncated episode bootstraps from V_tot(final observation), not the next episode's first
                 final_values = act(vdac, step.final, device)[2] if (
                     step.truncated.any()) else np.zeros_like(values)  # fmt: skip
-                rb.add(**stored(specs, obs, actions, logprobs, step), values=values, final_values=final_values)
+                rb.add(
+                    **team_step(obs, actions, step, specs, state=True),
+                    **{f"logprobs_{g}": lp for g, lp in logprobs.items()},
+                    truncated=step.truncated,
+                    values=values,
+                    final_values=final_values,
+                )
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next
 
             # TARGETS: GAE of the team's TD errors r + gamma V_tot(s') - V_tot(s), by the compiled kernel
-            rb.compute_gae(act(vdac, obs, device)[2], args.gamma, args.gae_lambda)
+            rb.compute_gae(act(vdac, obs, device)[2], args.gamma, args.gae_lambda, rewards="reward")
             # UPDATE
             for k, v in update(vdac, optimizer, rb, specs, args, device, rng).items():
                 writer.add_scalar(f"losses/{k}", v, global_step)
@@ -256,46 +253,23 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: the rollout declaration and the VDAC update ---
+# --- what the loop calls: two small helpers, the rollout declaration and the VDAC update ---
+
+
+def t(x, device):
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
+
+
+def masked_mean(mask, x):
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def rollout_fields(specs, state_shape):
-    """The team's rollout, declared once: name -> (per-env shape, dtype)."""
-    fields = {
-        "state": (state_shape, np.float32),
-        "rewards": ((), np.float32),  # the team's: the mean over its agents
-        "terminated": ((), np.bool_),  # every agent of the team terminated
-        "truncated": ((), np.bool_),
-        "values": ((), np.float32),  # V_tot(s_t)
-        "final_values": ((), np.float32),  # V_tot(final observation) where an episode was truncated
-    }
-    for g, spec in specs.items():
-        A = spec.n_agents
-        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_actions": ((A,), np.int64),
-                   f"{g}_logprobs": ((A,), np.float32), f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
-        if spec.has_action_mask:
-            fields[f"{g}_avail"] = ((A, spec.action_dim), np.bool_)
-    return fields
-
-
-def stored(specs, obs, actions, logprobs, step):
-    """One step of the team: its reward and termination, and each group's observations, actions and masks."""
-    if len(specs) > 1 and np.ptp([step.rewards[g].mean(1) for g in specs], 0).max() > 1e-6:
-        raise ArgumentError(f"the learning groups {list(specs)} are rewarded differently, so they compete: {ALGO} "
-                            f"trains one team on one reward; freeze the opponents (--random-groups or --opponent), "
-                            f"or use mappo.py or ippo.py, which train groups apart")  # fmt: skip
-    out = {
-        "state": obs.state,
-        "rewards": np.concatenate([step.rewards[g] for g in specs], 1).mean(1),
-        "terminated": np.concatenate([step.terminated[g] for g in specs], 1).all(1),
-        "truncated": step.truncated,
-    }
-    for g in specs:
-        out |= {f"{g}_obs": obs.obs[g], f"{g}_actions": actions[g], f"{g}_logprobs": logprobs[g],
-                f"{g}_alive": obs.agent_mask[g]}  # fmt: skip
-        if g in obs.avail_actions:
-            out[f"{g}_avail"] = obs.avail_actions[g]
-    return out
+    """The team's rollout, declared once: each group's observations, actions, masks and log-probabilities; the state,
+    the team's reward (the mean over its agents) and termination (all of them), V_tot(s_t), and V_tot of the final
+    observation where an episode was truncated."""
+    fields = team_fields(specs, state_shape) | {f"logprobs_{g}": ((s.n_agents,), np.float32) for g, s in specs.items()}
+    return fields | {"truncated": ((), np.bool_), "values": ((), np.float32), "final_values": ((), np.float32)}
 
 
 def update(vdac, optimizer, rb, specs, args, device, rng):
@@ -309,16 +283,16 @@ def update(vdac, optimizer, rb, specs, args, device, rng):
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             pg_losses, entropies, masks, local = [], [], [], []
             for g, agents in vdac.agents.items():
-                logits, v = agents(mb[f"{g}_obs"])
-                d = dist(logits, mb.get(f"{g}_avail"))
+                logits, v = agents(mb[f"obs_{g}"])
+                d = dist(logits, mb.get(f"avail_{g}"))
                 # the policy gradient with the team advantage; on the first pass ratio = 1 (A2C's gradient), then
                 # PPO's pessimistic clip keeps the later passes near the acting policy
-                ratio = (d.log_prob(mb[f"{g}_actions"]) - mb[f"{g}_logprobs"]).exp()
+                ratio = (d.log_prob(mb[f"actions_{g}"]) - mb[f"logprobs_{g}"]).exp()
                 clipped = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
                 pg_losses.append(-torch.min(ratio * adv[:, None], clipped * adv[:, None]))
                 clipfracs.append(((ratio - 1).abs() > args.clip_coef).float().mean().item())
                 entropies.append(d.entropy())
-                masks.append(mb[f"{g}_alive"])
+                masks.append(mb[f"agent_mask_{g}"])
                 local.append(v)
             mask = torch.cat(masks, -1)  # (B, N): dead agents' steps weigh nothing
             pg_loss = masked_mean(mask, torch.cat(pg_losses, -1))
