@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -102,6 +103,27 @@ class CollectError(Exception):
 
 
 NOT_RESULTS = ("tournament.json", "crossplay.json")  # written beside the result files, by tournament.py, crossplay.py
+
+
+def git_commit() -> str:
+    """HEAD of the repository, "-dirty" when code outside results/ differs from it; "unknown" without git.
+
+    Dirty means a modified tracked file or an untracked, non-ignored file anywhere but results/.
+    """
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", ":(exclude)results"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if status else "")
 
 
 def result_paths(out: Path) -> list[Path]:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from run import git_commit  # noqa: E402
+from collect import git_commit  # noqa: E402
 
 import envs  # noqa: E402
 from runtime.checkpoint import read_checkpoint  # noqa: E402

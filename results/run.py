@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from collect import LOG_NAME, RECORD_NAME, RESULTS_DIR, collect, read_json, run_dir_for
+from collect import LOG_NAME, RECORD_NAME, RESULTS_DIR, collect, git_commit, read_json, run_dir_for
 from collect import is_finished as run_is_finished
 
 REPO_ROOT = RESULTS_DIR.parent
@@ -263,27 +263,6 @@ def _display_path(path: Path) -> str:
         return path.relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return path.as_posix()
-
-
-def git_commit() -> str:
-    """HEAD of the repository, "-dirty" when code outside results/ differs from it; "unknown" without git.
-
-    Dirty means a modified tracked file or an untracked, non-ignored file anywhere but results/.
-    """
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--", ".", ":(exclude)results"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if status else "")
 
 
 def plan(args: argparse.Namespace) -> list[Run]:

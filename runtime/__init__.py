@@ -54,13 +54,13 @@ from runtime.args import (
 )
 from runtime.categorical import Categorical
 from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint, sub_state
-from runtime.checks import ArgumentError, check_action_flags, check_args, check_discrete, check_groups
+from runtime.checks import ArgumentError, RunStopped, check_action_flags, check_args, check_discrete, check_groups
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
 from runtime.gru import gru_sequence
 from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
 from runtime.optim import adam, clip_grad_norm, optimize, soft_update
-from runtime.run import Run, RunStopped
+from runtime.run import Run
 
 __all__ = [
     "adam",

@@ -21,6 +21,7 @@ import tyro
 
 import envs
 from runtime.checkpoint import CheckpointError, read_checkpoint
+from runtime.checks import RunStopped
 
 
 @dataclass
@@ -148,8 +149,6 @@ def checkpoint_args(args_class, saved: dict, skip=()):
 def cli(args_class, main):
     """Parse the flags and run `main(args)`; every expected failure ends in one `error:` line (exit 2), a stop
     request in one line (exit 130), never a traceback."""
-    from runtime.run import RunStopped  # run imports this module
-
     try:
         defaults = checkpoint_defaults(args_class, sys.argv[1:])
         args = tyro.cli(args_class, default=defaults) if defaults is not None else tyro.cli(args_class)

@@ -39,6 +39,10 @@ class ArgumentError(ValueError):
     """A flag with a value the script cannot run with."""
 
 
+class RunStopped(Exception):
+    """A stop request (Ctrl-C, SIGTERM) was honoured after last.pt was written; the message says how to go on."""
+
+
 def check_args(args, *rules) -> None:
     """Check the shared rules for every flag `args` has, then `rules`: (condition that must hold, message) pairs."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}

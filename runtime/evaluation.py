@@ -24,6 +24,10 @@ import imageio
 import numpy as np
 import torch
 
+import envs
+from runtime.args import env_kwargs, env_signature, freeze
+from runtime.checkpoint import load_checkpoint, restore
+
 FINAL_SEED = 10_000
 FINAL_EPISODES = 1000
 BATCH = 100  # envs stepped side by side; the episodes do not depend on it
@@ -82,16 +86,11 @@ def evaluate(make_env, make_greedy, episodes: int, seed: int, stop=None):
 
 def record(args, make_greedy, path: str, seed: int):
     """Film one greedy episode (env seeded `seed`) to the mp4 `path`; returns its frames (T, H, W, 3) or None."""
-    import envs
-    from runtime.args import env_kwargs
-
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         greedy = make_greedy(1, np.random.default_rng(seed))
         if hasattr(args, "env_kwargs"):  # a multi-agent env of envs.make
-            from runtime.args import freeze
-
             wrap = lambda env: freeze(args, env, seed)  # noqa: E731  the frozen groups act in the video too
             envs.record_episode(args.env_id, lambda o: greedy(o, None), path, seed=seed, wrap=wrap, **env_kwargs(args))
         else:
@@ -127,9 +126,6 @@ def add_video(writer, tag: str, frames: np.ndarray, step: int, fps: int = 10, wi
 def evaluate_checkpoint(args, algo, env, nets, make_env, make_greedy, network_flags=()):
     """--eval-checkpoint: load the networks `nets` (name -> module), play --eval-episodes of the fixed episode set
     greedily, print one line (and film one episode with --capture-video)."""
-    from runtime.args import env_signature
-    from runtime.checkpoint import load_checkpoint, restore
-
     path = args.eval_checkpoint
     ckpt = load_checkpoint(path, algo, args, env_signature(env), network_flags)
     restore(ckpt, path, nets)

@@ -30,14 +30,11 @@ from tqdm import tqdm
 from runtime.args import env_signature
 from runtime.args import make_eval_env as standard_eval_env
 from runtime.checkpoint import flag, load_checkpoint, restore, rng_state, save_checkpoint
+from runtime.checks import RunStopped
 from runtime.evaluation import FINAL_SEED, add_video, evaluate, periodic_seed, record
 from runtime.opponents import load_actor, self_play_source
 
 REPLAY_NAME = "replay.npz"
-
-
-class RunStopped(Exception):
-    """A stop request (Ctrl-C, SIGTERM) was honoured after last.pt was written; the message says how to go on."""
 
 
 def lock(run_dir: str):

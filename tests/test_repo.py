@@ -60,3 +60,60 @@ def test_every_flag_has_help_text():
                     ):
                         missing.append(f"{path.name}: {node.name}.{stmt.target.id}")
     assert not missing, missing
+
+
+def sibling_imports(folder: Path, package: str | None) -> dict[str, set[str]]:
+    """module -> the modules of the same folder it imports, at its top or inside a function (a package's
+    `__init__` is not a node: it gathers, it is not depended on). `package`: how the modules name each other
+    (`runtime.args`); None for scripts that import siblings by bare name (results/: `from collect import ...`)."""
+    import ast
+
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+    graph = {}
+    for path in folder.glob("*.py"):
+        if path.stem == "__init__":
+            continue
+        named = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                named |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                named |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        parts = [n.split(".") for n in named]
+        if package:
+            deps = {p[1] for p in parts if len(p) > 1 and p[0] == package and p[1] in modules}
+        else:
+            deps = {p[0] for p in parts if p[0] in modules}
+        graph[path.stem] = deps - {path.stem}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph as a path [a, b, ..., a], or [] if the imports go one way."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_imports_go_one_way_inside_every_folder():
+    """No import circle between the modules of runtime/, buffers/, envs/ or results/, lazy imports included: a
+    circle makes the order modules load in matter, and hides which one is the base."""
+    assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check itself
+    for folder, package in (("runtime", "runtime"), ("buffers", "buffers"), ("envs", "envs"), ("results", None)):
+        circle = import_circle(sibling_imports(ROOT / folder, package))
+        assert not circle, f"{folder}/: {' -> '.join(circle)}"
