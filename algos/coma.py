@@ -178,8 +178,10 @@ def act(groups, obs, hidden, epsilon, device, greedy=False):
 
 
 def initial_hidden(comas, args, num_envs, device):  # group -> zero GRU states of the actors (None without --rnn)
-    return {g: torch.zeros(num_envs, c.spec.n_agents, args.hidden_size, device=device) if args.rnn else None
-            for g, c in comas.items()}  # fmt: skip
+    return {
+        g: torch.zeros(num_envs, c.spec.n_agents, args.hidden_size, device=device) if args.rnn else None
+        for g, c in comas.items()
+    }
 
 
 def acting(comas, args, device, greedy=True):
@@ -213,8 +215,14 @@ NETWORK_FLAGS = ("hidden_size", "critic_hidden_size", "rnn", "critic_last_action
 
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
-    check_args(args, (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less "
-                      f"than one rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.total_timesteps >= args.batch_size,
+            f"--total-timesteps {args.total_timesteps} is less "
+            f"than one rollout (--num-envs x --num-steps = {args.batch_size})",
+        ),
+    )
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
@@ -222,8 +230,11 @@ def main(args):
     learners = check_groups(args, env)
     state_dim = int(np.prod(env.state_shape))
     comas = {g: Coma(spec, state_dim, args).to(device) for g, spec in env.groups.items()}
-    optimizers = {f"{g}_{part}": torch.optim.Adam(getattr(comas[g], part).parameters(), lr=lr) for g in learners
-                  for part, lr in (("actor", args.actor_lr), ("critic", args.critic_lr))}  # fmt: skip
+    optimizers = {
+        f"{g}_{part}": torch.optim.Adam(getattr(comas[g], part).parameters(), lr=lr)
+        for g in learners
+        for part, lr in (("actor", args.actor_lr), ("critic", args.critic_lr))
+    }
 
     make_greedy = acting(comas, args, device)  # evaluation: the most probable action
     eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
@@ -232,8 +243,10 @@ def main(args):
         return
     run = Run(args, ALGO, env, comas, optimizers, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env)
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
-    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
-               for g in learners}  # fmt: skip
+    buffers = {
+        g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
+        for g in learners
+    }
     obs, hidden = env.reset(), initial_hidden(comas, args, args.num_envs, device)
     starts = np.ones(args.num_envs, bool)
     last_actions = {g: np.full((args.num_envs, spec.n_agents), spec.action_dim) for g, spec in env.groups.items()}
@@ -247,21 +260,35 @@ def main(args):
                 # STEP with the actions chosen after the last step (the bootstrap of a rollout needs them too)
                 step = env.step(actions)
                 global_step += args.num_envs
-                epsilon = linear_schedule(args.start_e, args.end_e,
-                                          args.exploration_fraction * args.total_timesteps, global_step)  # fmt: skip
+                epsilon = linear_schedule(
+                    args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+                )
                 # a finished episode's final joint action, drawn from the policy: Q'(s_T, u_T) bootstraps a truncation
-                final_actions = act(comas, step.final, dict(hidden), epsilon, device) if (
-                    step.done.any()) else actions  # unused where no episode ended: no second actor pass  # fmt: skip
+                final_actions = (
+                    act(comas, step.final, dict(hidden), epsilon, device) if (step.done.any()) else actions
+                )  # unused where no episode ended: no second actor pass
                 # STORE
                 for g in learners:
                     avail = {"avail_actions": obs.avail_actions[g]} if g in obs.avail_actions else {}
                     rnn = {"h_actor": stored_hidden[g], "starts": starts} if args.rnn else {}
-                    buffers[g].add(obs=obs.obs[g], state=obs.state, actions=actions[g], last_actions=last_actions[g],
-                                   rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
-                                   agent_mask=obs.agent_mask[g], final_obs=step.final.obs[g],
-                                   final_state=step.final.state, final_actions=final_actions[g],
-                                   final_mask=step.final.agent_mask[g], values=unset[g], final_values=unset[g], **avail,
-                                   **rnn)  # fmt: skip
+                    buffers[g].add(
+                        obs=obs.obs[g],
+                        state=obs.state,
+                        actions=actions[g],
+                        last_actions=last_actions[g],
+                        rewards=step.rewards[g],
+                        terminated=step.terminated[g],
+                        truncated=step.truncated,
+                        agent_mask=obs.agent_mask[g],
+                        final_obs=step.final.obs[g],
+                        final_state=step.final.state,
+                        final_actions=final_actions[g],
+                        final_mask=step.final.agent_mask[g],
+                        values=unset[g],
+                        final_values=unset[g],
+                        **avail,
+                        **rnn,
+                    )
                 for g, spec in env.groups.items():
                     last_actions[g] = np.where(step.done[:, None], spec.action_dim, actions[g])  # "none" at a start
                     if hidden[g] is not None:
@@ -275,10 +302,23 @@ def main(args):
 
             # TARGETS and UPDATE, group by group
             for g in learners:
-                after = {"state": obs.state, "obs": obs.obs[g], "actions": actions[g], "alive": obs.agent_mask[g],
-                         "last_actions": last_actions[g]}  # fmt: skip
-                out = update(comas[g], optimizers[f"{g}_actor"], optimizers[f"{g}_critic"], buffers[g], after, epsilon,
-                             args, device)  # fmt: skip
+                after = {
+                    "state": obs.state,
+                    "obs": obs.obs[g],
+                    "actions": actions[g],
+                    "alive": obs.agent_mask[g],
+                    "last_actions": last_actions[g],
+                }
+                out = update(
+                    comas[g],
+                    optimizers[f"{g}_actor"],
+                    optimizers[f"{g}_critic"],
+                    buffers[g],
+                    after,
+                    epsilon,
+                    args,
+                    device,
+                )
                 for k, v in out.items():
                     writer.add_scalar(f"losses/{k}" if len(learners) == 1 else f"losses/{k}/{g}", v, global_step)
                 buffers[g].reset()
@@ -346,8 +386,7 @@ def critic_targets(coma, rb, after, args, device):
     mb, tc = to_torch(rb.data, device), coma.target_critic
     with torch.no_grad():
         values = q_taken(tc, mb["state"], mb["obs"], mb["actions"], mb["agent_mask"], mb["last_actions"])[0]
-        final = q_taken(tc, mb["final_state"], mb["final_obs"], mb["final_actions"], mb["final_mask"],
-                        mb["actions"])[0]  # fmt: skip
+        final = q_taken(tc, mb["final_state"], mb["final_obs"], mb["final_actions"], mb["final_mask"], mb["actions"])[0]
         a = {k: torch.as_tensor(np.array(v)[None], device=device) for k, v in after.items()}
         boot = q_taken(tc, a["state"].float(), a["obs"].float(), a["actions"], a["alive"], a["last_actions"])[0][0]
     rb["values"][:], rb["final_values"][:] = values.cpu().numpy(), final.cpu().numpy()
@@ -376,15 +415,22 @@ def update(coma, actor_opt, critic_opt, rb, after, epsilon, args, device):
     logp = torch.log(pi.gather(-1, actions[..., None]).squeeze(-1).clamp(min=1e-10))
     policy_loss = -masked_mean(mask, advantages * logp)
     if not (torch.isfinite(policy_loss) and torch.isfinite(critic_loss)):  # stop before the weights are poisoned
-        raise FloatingPointError(f"group {coma.spec.name}: the losses became {policy_loss.item()} (policy) and "
-                                 f"{critic_loss.item()} (critic); lower --actor-lr / --critic-lr")  # fmt: skip
+        raise FloatingPointError(
+            f"group {coma.spec.name}: the losses became {policy_loss.item()} (policy) and "
+            f"{critic_loss.item()} (critic); lower --actor-lr / --critic-lr"
+        )
     actor_opt.zero_grad()
     policy_loss.backward()
     nn.utils.clip_grad_norm_(coma.actor.parameters(), args.max_grad_norm)
     actor_opt.step()
     entropy = masked_mean(mask, -(pi * torch.log(pi.clamp(min=1e-10))).sum(-1))
-    return dict(policy_loss=policy_loss.item(), qf_loss=critic_loss.item(), entropy=entropy.item(),
-                q_values=masked_mean(mask, q).item(), advantage=masked_mean(mask, advantages.abs()).item())  # fmt: skip
+    return dict(
+        policy_loss=policy_loss.item(),
+        qf_loss=critic_loss.item(),
+        entropy=entropy.item(),
+        q_values=masked_mean(mask, q).item(),
+        advantage=masked_mean(mask, advantages.abs()).item(),
+    )
 
 
 if __name__ == "__main__":

@@ -134,8 +134,9 @@ def main(args):
     with run:
         while global_step < args.total_timesteps:
             # ACT: epsilon-greedy with a linearly decaying epsilon
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
             with torch.no_grad():
                 greedy_actions = q_network(t(obs, device)).argmax(-1).cpu().numpy()
             explore = rng.random(args.num_envs) < epsilon
@@ -147,8 +148,14 @@ def main(args):
             real_next_obs = next_obs.copy()
             for i in np.flatnonzero(infos.get("_final_obs", [])):
                 real_next_obs[i] = infos["final_obs"][i]
-            rb.add(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminated=terminated,
-                   truncated=truncated)  # fmt: skip
+            rb.add(
+                obs=obs,
+                next_obs=real_next_obs,
+                actions=actions,
+                rewards=rewards,
+                terminated=terminated,
+                truncated=truncated,
+            )
             run.log_episodes(infos, global_step)
             obs = next_obs
 

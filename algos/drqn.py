@@ -126,14 +126,20 @@ def main(args):
         return
     max_len = args.max_episode_len or env.unwrapped.get_attr("spec")[0].max_episode_steps
     if not max_len:
-        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
-                            f"--max-episode-len")  # fmt: skip
-    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, {
-        "obs": (obs_shape, np.float32),  # row len of an episode: its final observation
-        "actions": ((), np.int64),
-        "rewards": ((), np.float32),
-        "terminated": ((), np.bool_),  # a time-limit end is not terminated: its last step bootstraps
-    })  # fmt: skip
+        raise ArgumentError(
+            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
+        )
+    rb = EpisodeReplayBuffer(
+        args.buffer_size,
+        max_len,
+        args.num_envs,
+        {
+            "obs": (obs_shape, np.float32),  # row len of an episode: its final observation
+            "actions": ((), np.int64),
+            "rewards": ((), np.float32),
+            "terminated": ((), np.bool_),  # a time-limit end is not terminated: its last step bootstraps
+        },
+    )
     run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
@@ -143,8 +149,9 @@ def main(args):
     with run:
         while global_step < args.total_timesteps:
             # ACT: epsilon-greedy on the recurrent Q-values
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
             with torch.no_grad():
                 q, h = q_network(t(obs, device)[None], h)
             explore = rng.random(args.num_envs) < epsilon

@@ -101,8 +101,13 @@ class AgentMLPs(nn.Module):
         super().__init__()
         self.ids = n_agents if args.share_params and n_agents > 1 else 0
         self.n, self.copies, h = copies * (1 if args.share_params else n_agents), copies, args.hidden_size
-        self.net = nn.Sequential(GroupLinear(self.n, d_in + self.ids, h), nn.ReLU(), GroupLinear(self.n, h, h),
-                                 nn.ReLU(), GroupLinear(self.n, h, d_out))  # fmt: skip
+        self.net = nn.Sequential(
+            GroupLinear(self.n, d_in + self.ids, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, d_out),
+        )
 
     def forward(self, x):
         A, B = x.shape[:2]

@@ -201,8 +201,10 @@ def masked_mean(mask, x):
 
 
 def initial_hidden(policies, args, num_envs, device):  # group -> zero hidden states (None without --rnn)
-    return {g: torch.zeros(num_envs, p.spec.n_agents, args.hidden_size, device=device) if args.rnn else None
-            for g, p in policies.items()}  # fmt: skip
+    return {
+        g: torch.zeros(num_envs, p.spec.n_agents, args.hidden_size, device=device) if args.rnn else None
+        for g, p in policies.items()
+    }
 
 
 def reset_finished(hidden, done, device):  # zero the hidden states of the envs whose episode just ended (--rnn)
@@ -250,12 +252,23 @@ NETWORK_FLAGS = ("hidden_size", "share_params", "feature_norm", "rnn")  # what a
 
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
-    check_args(args, (args.num_minibatches <= args.batch_size, f"--num-minibatches {args.num_minibatches} exceeds "
-                      f"the rollout's {args.batch_size} env steps (--num-envs x --num-steps)"),
-               (not args.rnn or args.rnn_chunk < 1 or args.num_steps % args.rnn_chunk == 0,
-                f"--rnn-chunk {args.rnn_chunk} must divide --num-steps {args.num_steps}"),
-               (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
-                f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.num_minibatches <= args.batch_size,
+            f"--num-minibatches {args.num_minibatches} exceeds "
+            f"the rollout's {args.batch_size} env steps (--num-envs x --num-steps)",
+        ),
+        (
+            not args.rnn or args.rnn_chunk < 1 or args.num_steps % args.rnn_chunk == 0,
+            f"--rnn-chunk {args.rnn_chunk} must divide --num-steps {args.num_steps}",
+        ),
+        (
+            args.total_timesteps >= args.batch_size,
+            f"--total-timesteps {args.total_timesteps} is less than one "
+            f"rollout (--num-envs x --num-steps = {args.batch_size})",
+        ),
+    )
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
@@ -270,8 +283,7 @@ def main(args):
         return
     run = Run(args, ALGO, env, policies, optimizers, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env)
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
-    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], args))
-               for g in learners}  # fmt: skip
+    buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], args)) for g in learners}
     obs, starts = env.reset(), np.ones(args.num_envs, bool)
     h_actor = initial_hidden(policies, args, args.num_envs, device)  # --rnn: group -> (E, A, H), else None
     h_critic = initial_hidden(policies, args, args.num_envs, device)
@@ -284,8 +296,16 @@ def main(args):
             for _ in range(args.num_steps):
                 # ACT (recurrent: the hidden states acted on are stored with it), in inference mode (no autograd)
                 with torch.inference_mode():
-                    stored = {g: {"h_actor": h_actor[g].cpu().numpy(), "h_critic": h_critic[g].cpu().numpy(),
-                                  "starts": starts} if args.rnn else {} for g in learners}  # fmt: skip
+                    stored = {
+                        g: {
+                            "h_actor": h_actor[g].cpu().numpy(),
+                            "h_critic": h_critic[g].cpu().numpy(),
+                            "starts": starts,
+                        }
+                        if args.rnn
+                        else {}
+                        for g in learners
+                    }
                     actions, taken = act(policies, obs, device, h_actor)
                     values = {}
                     for g in learners:
@@ -296,14 +316,24 @@ def main(args):
                 # STORE: a truncated episode bootstraps from V(final observation), not the next episode's first
                 with torch.inference_mode():
                     trunc = step.truncated.any()
-                    final_values = {g: policies[g].value(t(step.final.obs[g], device), h_critic[g])[0] if trunc
-                                    else 0 * values[g] for g in learners}  # fmt: skip
+                    final_values = {
+                        g: policies[g].value(t(step.final.obs[g], device), h_critic[g])[0] if trunc else 0 * values[g]
+                        for g in learners
+                    }
                 for g in learners:
                     avail = {"avail_actions": obs.avail_actions[g]} if g in obs.avail_actions else {}
-                    buffers[g].add(obs=obs.obs[g], **taken[g], values=values[g],
-                                   rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
-                                   final_values=final_values[g], agent_mask=obs.agent_mask[g], **avail,
-                                   **stored[g])  # fmt: skip
+                    buffers[g].add(
+                        obs=obs.obs[g],
+                        **taken[g],
+                        values=values[g],
+                        rewards=step.rewards[g],
+                        terminated=step.terminated[g],
+                        truncated=step.truncated,
+                        final_values=final_values[g],
+                        agent_mask=obs.agent_mask[g],
+                        **avail,
+                        **stored[g],
+                    )
                 h_actor = reset_finished(h_actor, step.done, device)  # the next episodes start from zero
                 h_critic = reset_finished(h_critic, step.done, device)
                 starts = step.done
@@ -371,8 +401,11 @@ def update(pol, opt, rb, args, device, rng):
     clipfracs = []
     norm = pol.value_norm.normalize if args.value_norm else (lambda x: x)
     for _ in range(args.update_epochs):
-        batches = rb.sequences(args.rnn_chunk, args.num_minibatches, rng) if args.rnn else rb.minibatches(
-            args.num_minibatches, rng)  # fmt: skip
+        batches = (
+            rb.sequences(args.rnn_chunk, args.num_minibatches, rng)
+            if args.rnn
+            else rb.minibatches(args.num_minibatches, rng)
+        )
         for mb in batches:
             mb = to_torch(mb, device)
             mask = mb["agent_mask"]  # death masking: a dead agent's steps weigh nothing in any loss
@@ -413,8 +446,14 @@ def update(pol, opt, rb, args, device, rng):
             opt.step()
     ret, val = rb.targets["returns"], rb["values"]
     explained_var = 0.0 if np.var(ret) == 0 else float(1 - np.var(ret - val) / np.var(ret))
-    return dict(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=ent.item(), approx_kl=approx_kl.item(),
-                clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
+    return dict(
+        policy_loss=pg_loss.item(),
+        value_loss=v_loss.item(),
+        entropy=ent.item(),
+        approx_kl=approx_kl.item(),
+        clipfrac=float(np.mean(clipfracs)),
+        explained_variance=explained_var,
+    )
 
 
 def actor(ckpt, group, spec, device, greedy=True):

@@ -147,8 +147,9 @@ def acting(agents, specs, args, device, epsilon):
     evaluations, and a checkpoint playing a group: `actor`)."""
 
     def make(num_envs, rng):
-        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
-                  for g, spec in specs.items()}  # fmt: skip
+        hidden = {
+            g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+        }
 
         def act_fn(obs, done):
             if done is not None:
@@ -174,8 +175,14 @@ NETWORK_FLAGS = ("hidden_size", "share_params")  # what the weights depend on
 
 
 def main(args):
-    check_args(args, (args.td_lambda == 0 or args.n_step == 1, f"--n-step {args.n_step} and --td-lambda "
-                      f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.td_lambda == 0 or args.n_step == 1,
+            f"--n-step {args.n_step} and --td-lambda "
+            f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step",
+        ),
+    )
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
@@ -192,23 +199,31 @@ def main(args):
         return
     max_len = args.max_episode_len or env.max_steps
     if not max_len:
-        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
-                            f"--max-episode-len")  # fmt: skip
-    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs, team_reward=False),
-                             alpha=args.prioritized_replay_alpha if args.prioritized else None)  # fmt: skip
+        raise ArgumentError(
+            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
+        )
+    rb = EpisodeReplayBuffer(
+        args.buffer_size,
+        max_len,
+        args.num_envs,
+        team_fields(specs, team_reward=False),
+        alpha=args.prioritized_replay_alpha if args.prioritized else None,
+    )
     nets = {"iql": iql, "target": target}
     run = Run(args, ALGO, env, nets, {"iql": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
     obs = env.reset()
-    hidden = {g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device)
-              for g, spec in specs.items()}  # fmt: skip
+    hidden = {
+        g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+    }
     with run:
         while global_step < args.total_timesteps:
             # ACT: epsilon-greedy on each agent's own utility, from its GRU state
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
             actions = act(iql.agents, specs, obs, hidden, epsilon, rng, device)
             # STEP
             step = env.step(actions)
@@ -290,8 +305,9 @@ def update(iql, target, optimizer, rb, args, device, rng, beta):
             next_q = target.agents[g](mb[f"obs_{g}"])[0][1:].gather(-1, best).squeeze(-1)
             L, B, A = next_q.shape
             rewards, terminated = batch[f"rewards_{g}"][:-1], batch[f"terminated_{g}"][:-1]
-            y = td_targets(rewards.reshape(L, -1), terminated.reshape(L, -1), np.repeat(cut, A, 1),
-                           next_q.reshape(L, -1), args)  # fmt: skip
+            y = td_targets(
+                rewards.reshape(L, -1), terminated.reshape(L, -1), np.repeat(cut, A, 1), next_q.reshape(L, -1), args
+            )
         td = (chosen - t(y, device).view(L, B, A)) * mask
         weights = mb["weights"][None, :, None] if args.prioritized else 1.0  # importance sampling
         sq_err = sq_err + (weights * td**2).sum()

@@ -105,8 +105,13 @@ class AgentMLPs(nn.Module):
         super().__init__()
         self.ids = n_agents if args.share_params and n_agents > 1 else 0
         self.n, self.copies, h = copies * (1 if args.share_params else n_agents), copies, args.hidden_size
-        self.net = nn.Sequential(GroupLinear(self.n, d_in + self.ids, h), nn.ReLU(), GroupLinear(self.n, h, h),
-                                 nn.ReLU(), GroupLinear(self.n, h, d_out))  # fmt: skip
+        self.net = nn.Sequential(
+            GroupLinear(self.n, d_in + self.ids, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, d_out),
+        )
 
     def forward(self, x):
         A, B = x.shape[:2]
@@ -290,9 +295,11 @@ def target_entropy_of(spec, args):
     if args.target_entropy is None:
         return 0.89 * math.log(spec.action_dim) if spec.discrete else -float(spec.action_dim)
     if spec.discrete and args.target_entropy >= math.log(spec.action_dim):  # alpha would grow without bound
-        raise ArgumentError(f"--target-entropy {args.target_entropy} is out of reach for {spec.name}'s "
-                            f"{spec.action_dim} actions (at most log {spec.action_dim} = "
-                            f"{math.log(spec.action_dim):.3f}): give a smaller one, or drop it")  # fmt: skip
+        raise ArgumentError(
+            f"--target-entropy {args.target_entropy} is out of reach for {spec.name}'s "
+            f"{spec.action_dim} actions (at most log {spec.action_dim} = "
+            f"{math.log(spec.action_dim):.3f}): give a smaller one, or drop it"
+        )
     return args.target_entropy
 
 
@@ -366,12 +373,21 @@ def update(b, nets, optimizers, args, learners, target_entropy):
 
     # UPDATE alpha: descend log(alpha) (H - target) per group, so alpha grows while the entropy H is below target
     if args.autotune:
-        alpha_loss = sum(alphas[g] * ((entropies[g] - target_entropy[g]) * b[f"agent_mask_{g}"]).sum()
-                         / b[f"agent_mask_{g}"].sum().clamp(min=1) for g in learners)  # fmt: skip
+        alpha_loss = sum(
+            alphas[g]
+            * ((entropies[g] - target_entropy[g]) * b[f"agent_mask_{g}"]).sum()
+            / b[f"agent_mask_{g}"].sum().clamp(min=1)
+            for g in learners
+        )
         optimize(alpha_loss, optimizers["alpha"], (), 0, "alpha")
     soft_update(critic_targets, critics, args.tau)
-    per_agent = {"qf_loss": qf_losses, "actor_loss": actor_losses, "q_values": q_values,
-                 "entropy": {g: entropies[g].mean(0) for g in learners}}  # fmt: skip  # key -> g -> (A_g,)
+    # key -> group -> (A_g,)
+    per_agent = {
+        "qf_loss": qf_losses,
+        "actor_loss": actor_losses,
+        "q_values": q_values,
+        "entropy": {g: entropies[g].mean(0) for g in learners},
+    }
     losses = {k: torch.cat(list(v.values())).detach().mean() for k, v in per_agent.items()}  # mean over agents
     losses["alpha"] = torch.stack(list(alpha.values())).mean()
     if len(learners) > 1:

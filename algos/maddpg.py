@@ -103,8 +103,13 @@ class AgentMLPs(nn.Module):
         super().__init__()
         self.ids = n_agents if args.share_params and n_agents > 1 else 0
         self.n, self.copies, h = copies * (1 if args.share_params else n_agents), copies, args.hidden_size
-        self.net = nn.Sequential(GroupLinear(self.n, d_in + self.ids, h), nn.ReLU(), GroupLinear(self.n, h, h),
-                                 nn.ReLU(), GroupLinear(self.n, h, d_out))  # fmt: skip
+        self.net = nn.Sequential(
+            GroupLinear(self.n, d_in + self.ids, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, d_out),
+        )
 
     def forward(self, x):
         A, B = x.shape[:2]
@@ -300,8 +305,11 @@ def update(b, nets, optimizers, args, learners):
         for g, actor in actor_targets.items():
             o, avail = b[f"next_obs_{g}"], b.get(f"next_avail_{g}")
             next_actions[g] = actor.action(actor(o), avail, sample=True)
-        targets = {g: b[f"rewards_{g}"] + args.gamma * (1 - b[f"terminated_{g}"])
-                   * critic_targets[g](critic_input(x_next, next_actions, sizes[g])) for g in learners}  # fmt: skip
+        targets = {
+            g: b[f"rewards_{g}"]
+            + args.gamma * (1 - b[f"terminated_{g}"]) * critic_targets[g](critic_input(x_next, next_actions, sizes[g]))
+            for g in learners
+        }
 
     # UPDATE critics: squared TD error of every learning agent (alive at the step), summed over agents
     qf_losses, q_values, td = {}, {}, 0.0

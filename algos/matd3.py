@@ -109,8 +109,13 @@ class AgentMLPs(nn.Module):
         super().__init__()
         self.ids = n_agents if args.share_params and n_agents > 1 else 0
         self.n, self.copies, h = copies * (1 if args.share_params else n_agents), copies, args.hidden_size
-        self.net = nn.Sequential(GroupLinear(self.n, d_in + self.ids, h), nn.ReLU(), GroupLinear(self.n, h, h),
-                                 nn.ReLU(), GroupLinear(self.n, h, d_out))  # fmt: skip
+        self.net = nn.Sequential(
+            GroupLinear(self.n, d_in + self.ids, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, h),
+            nn.ReLU(),
+            GroupLinear(self.n, h, d_out),
+        )
 
     def forward(self, x, copies=None):
         A, B, copies = *x.shape[:2], copies or self.copies
@@ -315,9 +320,13 @@ def update(b, nets, optimizers, args, learners, num_updates):
             raw = actor(o)
             noise = (args.policy_noise * torch.randn_like(raw)).clamp(-args.noise_clip, args.noise_clip)
             next_actions[g] = actor.action(raw, avail, sample=True, noise=noise)
-        targets = {g: b[f"rewards_{g}"] + args.gamma * (1 - b[f"terminated_{g}"])
-                   * critic_targets[g](critic_input(x_next, next_actions, sizes[g])).min(0).values
-                   for g in learners}  # fmt: skip
+        targets = {
+            g: b[f"rewards_{g}"]
+            + args.gamma
+            * (1 - b[f"terminated_{g}"])
+            * critic_targets[g](critic_input(x_next, next_actions, sizes[g])).min(0).values
+            for g in learners
+        }
 
     # UPDATE critics: squared TD errors of both twins of every learning agent (alive at the step), summed
     qf_losses, q_values, td = {}, {}, 0.0

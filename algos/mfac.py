@@ -141,19 +141,29 @@ NETWORK_FLAGS = ("hidden_size",)  # what the weights depend on
 
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
-    check_args(args, (args.mean_over in ("auto", "view", "group"), f"--mean-over {args.mean_over!r} is not 'auto', "
-                      f"'view' or 'group'"),
-               (args.view_radius >= 0, f"--view-radius {args.view_radius} must be >= 0"),
-               (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
-                f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.mean_over in ("auto", "view", "group"),
+            f"--mean-over {args.mean_over!r} is not 'auto', 'view' or 'group'",
+        ),
+        (args.view_radius >= 0, f"--view-radius {args.view_radius} must be >= 0"),
+        (
+            args.total_timesteps >= args.batch_size,
+            f"--total-timesteps {args.total_timesteps} is less than one "
+            f"rollout (--num-envs x --num-steps = {args.batch_size})",
+        ),
+    )
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
     specs = {g: env.groups[g] for g in check_groups(args, env)}
     if args.mean_over == "view" and (unplaced := [g for g, s in specs.items() if not s.has_positions]):
-        raise ArgumentError(f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
-                            f"--mean-over group (or auto)")  # fmt: skip
+        raise ArgumentError(
+            f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
+            f"--mean-over group (or auto)"
+        )
     mfac = MFAC(specs, args).to(device)
     optimizer = torch.optim.Adam(mfac.parameters(), lr=args.learning_rate)
     make_greedy = lambda n, rng: lambda obs, done: act(mfac.agents, specs, obs, device, args, greedy=True)[0]  # noqa: E731
@@ -161,8 +171,9 @@ def main(args):
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"mfac": mfac}, eval_env, make_greedy, NETWORK_FLAGS)
         return
-    run = Run(args, ALGO, env, {"mfac": mfac}, {"mfac": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",),
-              eval_env)  # fmt: skip
+    run = Run(
+        args, ALGO, env, {"mfac": mfac}, {"mfac": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env
+    )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(spec)) for g, spec in specs.items()}
     obs = env.reset()
@@ -172,8 +183,9 @@ def main(args):
             for _ in range(args.num_steps):
                 # ACT: a ~ pi(.|o); the critic sees the neighbours' mean of these actions
                 actions, means = act(mfac.agents, specs, obs, device, args)
-                values = {g: value(mfac.agents[g], obs.obs[g], means[g], device, obs.avail_actions.get(g))
-                          for g in specs}  # fmt: skip
+                values = {
+                    g: value(mfac.agents[g], obs.obs[g], means[g], device, obs.avail_actions.get(g)) for g in specs
+                }
                 # STEP
                 step = env.step(actions)
                 global_step += args.num_envs
@@ -181,12 +193,24 @@ def main(args):
                 # (no action is taken there: the next episode's actions are never paired with it)
                 for g in specs:
                     f = step.final
-                    final = value(mfac.agents[g], f.obs[g], means[g], device, f.avail_actions.get(g)) if (
-                        step.truncated.any()) else 0 * values[g]  # fmt: skip
+                    final = (
+                        value(mfac.agents[g], f.obs[g], means[g], device, f.avail_actions.get(g))
+                        if (step.truncated.any())
+                        else 0 * values[g]
+                    )
                     avail = {"avail": obs.avail_actions[g]} if g in obs.avail_actions else {}
-                    buffers[g].add(obs=obs.obs[g], actions=actions[g], mean=means[g], values=values[g],
-                                   rewards=step.rewards[g], terminated=step.terminated[g], truncated=step.truncated,
-                                   final_values=final, alive=obs.agent_mask[g], **avail)  # fmt: skip
+                    buffers[g].add(
+                        obs=obs.obs[g],
+                        actions=actions[g],
+                        mean=means[g],
+                        values=values[g],
+                        rewards=step.rewards[g],
+                        terminated=step.terminated[g],
+                        truncated=step.truncated,
+                        final_values=final,
+                        alive=obs.agent_mask[g],
+                        **avail,
+                    )
                 done = step.done[:, None, None]
                 last_means = {g: np.where(done, 0.0, m).astype(np.float32) for g, m in means.items()}
                 run.log_episodes(step.episodes, global_step)
@@ -195,8 +219,11 @@ def main(args):
             # TARGETS: TD(lambda) returns of V(o', a_mean') by the compiled kernel (the rollout's last observation:
             # at its env's last mean action), then the UPDATE, group by group
             for g, rb in buffers.items():
-                rb.compute_td_lambda(value(mfac.agents[g], obs.obs[g], last_means[g], device,
-                                           obs.avail_actions.get(g)), args.gamma, args.td_lambda)  # fmt: skip
+                rb.compute_td_lambda(
+                    value(mfac.agents[g], obs.obs[g], last_means[g], device, obs.avail_actions.get(g)),
+                    args.gamma,
+                    args.td_lambda,
+                )
                 for k, v in update(mfac.agents[g], optimizer, rb, args, device, rng).items():
                     writer.add_scalar(f"losses/{k}" if len(specs) == 1 else f"losses/{k}/{g}", v, global_step)
                 rb.reset()
@@ -214,9 +241,17 @@ def main(args):
 def rollout_fields(spec):
     """One group's rollout, declared once: name -> (per-env shape, dtype)."""
     A, n = spec.n_agents, spec.action_dim
-    fields = {"obs": ((A, *spec.obs_shape), np.float32), "actions": ((A,), np.int64), "mean": ((A, n), np.float32),
-              "values": ((A,), np.float32), "rewards": ((A,), np.float32), "terminated": ((A,), np.bool_),
-              "truncated": ((), np.bool_), "final_values": ((A,), np.float32), "alive": ((A,), np.bool_)}  # fmt: skip
+    fields = {
+        "obs": ((A, *spec.obs_shape), np.float32),
+        "actions": ((A,), np.int64),
+        "mean": ((A, n), np.float32),
+        "values": ((A,), np.float32),
+        "rewards": ((A,), np.float32),
+        "terminated": ((A,), np.bool_),
+        "truncated": ((), np.bool_),
+        "final_values": ((A,), np.float32),
+        "alive": ((A,), np.bool_),
+    }
     if spec.has_action_mask:
         fields["avail"] = ((A, n), np.bool_)
     return fields
@@ -236,16 +271,22 @@ def update(agents, optimizer, rb, args, device, rng):
     entropy = masked_mean(mask, d.entropy())
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-                                 f"{v_loss.item():.3g}); lower --learning-rate")  # fmt: skip
+        raise FloatingPointError(
+            f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
+            f"{v_loss.item():.3g}); lower --learning-rate"
+        )
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(agents.actor.parameters(), args.max_grad_norm)
     critic = [p for m in (agents.critic_obs, agents.critic_mean, agents.critic_head) for p in m.parameters()]
     nn.utils.clip_grad_norm_(critic, args.max_grad_norm)
     optimizer.step()
-    return dict(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=entropy.item(),
-                advantage=masked_mean(mask, advantage.abs()).item())  # fmt: skip
+    return dict(
+        policy_loss=pg_loss.item(),
+        value_loss=v_loss.item(),
+        entropy=entropy.item(),
+        advantage=masked_mean(mask, advantage.abs()).item(),
+    )
 
 
 if __name__ == "__main__":

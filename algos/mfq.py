@@ -134,8 +134,10 @@ def act(agents, specs, obs, means, temperature, rng, device, args, greedy=False)
     actions, new_means = {}, {}
     for g, spec in specs.items():
         avail = obs.avail_actions.get(g)
-        q = masked_logits(agents[g](t(obs.obs[g], device), t(means[g], device)),
-                          None if avail is None else torch.as_tensor(avail, device=device))  # fmt: skip
+        q = masked_logits(
+            agents[g](t(obs.obs[g], device), t(means[g], device)),
+            None if avail is None else torch.as_tensor(avail, device=device),
+        )
         if greedy:
             actions[g] = q.argmax(-1).cpu().numpy()
         else:  # Gumbel-max: a sample of the Boltzmann policy from the script's own numpy stream
@@ -182,19 +184,28 @@ NETWORK_FLAGS = ("hidden_size",)  # what the weights depend on
 
 
 def main(args):
-    check_args(args, (args.mean_over in ("auto", "view", "group"), f"--mean-over {args.mean_over!r} is not 'auto', "
-                      f"'view' or 'group'"),
-               (args.view_radius >= 0, f"--view-radius {args.view_radius} must be >= 0"),
-               (min(args.temperature_start, args.temperature_end) > 0, "--temperature-start and --temperature-end "
-                "must be > 0"),
-               (0 <= args.temperature_fraction <= 1, "--temperature-fraction must lie in [0, 1]"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.mean_over in ("auto", "view", "group"),
+            f"--mean-over {args.mean_over!r} is not 'auto', 'view' or 'group'",
+        ),
+        (args.view_radius >= 0, f"--view-radius {args.view_radius} must be >= 0"),
+        (
+            min(args.temperature_start, args.temperature_end) > 0,
+            "--temperature-start and --temperature-end must be > 0",
+        ),
+        (0 <= args.temperature_fraction <= 1, "--temperature-fraction must lie in [0, 1]"),
+    )
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
     specs = {g: env.groups[g] for g in check_groups(args, env)}
     if args.mean_over == "view" and (unplaced := [g for g, s in specs.items() if not s.has_positions]):
-        raise ArgumentError(f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
-                            f"--mean-over group (or auto)")  # fmt: skip
+        raise ArgumentError(
+            f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
+            f"--mean-over group (or auto)"
+        )
     mfq = MFQ(specs, args).to(device)
     target = copy.deepcopy(mfq)
     optimizer = torch.optim.Adam(mfq.parameters(), lr=args.learning_rate)
@@ -214,15 +225,20 @@ def main(args):
     with run:
         while global_step < args.total_timesteps:
             # ACT: Boltzmann on Q(o, ., the previous step's mean action); the mean of these actions follows
-            temperature = linear_schedule(args.temperature_start, args.temperature_end,
-                                          args.temperature_fraction * args.total_timesteps, global_step)  # fmt: skip
+            temperature = linear_schedule(
+                args.temperature_start,
+                args.temperature_end,
+                args.temperature_fraction * args.total_timesteps,
+                global_step,
+            )
             actions, new_means = act(mfq.agents, specs, obs, means, temperature, rng, device, args)
             # STORE the previous step, now that its next mean action is known (an ended episode's step keeps its own
             # mean action as the next one: the next episode's actions are never paired with it)
             if pending is not None:
                 ended = pending.pop("ended")[:, None, None]
-                rb.add(**pending, **{f"{g}_next_mean": np.where(ended, pending[f"{g}_mean"], new_means[g])
-                                     for g in specs})  # fmt: skip
+                rb.add(
+                    **pending, **{f"{g}_next_mean": np.where(ended, pending[f"{g}_mean"], new_means[g]) for g in specs}
+                )
             # STEP
             step = env.step(actions)
             global_step += args.num_envs
@@ -257,10 +273,16 @@ def replay_fields(specs):
     fields = {}
     for g, spec in specs.items():
         A, n = spec.n_agents, spec.action_dim
-        fields |= {f"{g}_obs": ((A, *spec.obs_shape), np.float32), f"{g}_next_obs": ((A, *spec.obs_shape), np.float32),
-                   f"{g}_actions": ((A,), np.int64), f"{g}_mean": ((A, n), np.float32),
-                   f"{g}_next_mean": ((A, n), np.float32), f"{g}_rewards": ((A,), np.float32),
-                   f"{g}_terminated": ((A,), np.bool_), f"{g}_alive": ((A,), np.bool_)}  # fmt: skip
+        fields |= {
+            f"{g}_obs": ((A, *spec.obs_shape), np.float32),
+            f"{g}_next_obs": ((A, *spec.obs_shape), np.float32),
+            f"{g}_actions": ((A,), np.int64),
+            f"{g}_mean": ((A, n), np.float32),
+            f"{g}_next_mean": ((A, n), np.float32),
+            f"{g}_rewards": ((A,), np.float32),
+            f"{g}_terminated": ((A,), np.bool_),
+            f"{g}_alive": ((A,), np.bool_),
+        }
         if spec.has_action_mask:
             fields |= {f"{g}_next_avail": ((A, n), np.bool_)}
     return fields
@@ -271,9 +293,15 @@ def transition(specs, obs, actions, means, step):
     the next observation is the final one where the episode ended."""
     out = {"ended": step.done}
     for g in specs:
-        out |= {f"{g}_obs": obs.obs[g], f"{g}_next_obs": step.final.obs[g], f"{g}_actions": actions[g],
-                f"{g}_mean": means[g], f"{g}_rewards": step.rewards[g], f"{g}_terminated": step.terminated[g],
-                f"{g}_alive": obs.agent_mask[g]}  # fmt: skip
+        out |= {
+            f"{g}_obs": obs.obs[g],
+            f"{g}_next_obs": step.final.obs[g],
+            f"{g}_actions": actions[g],
+            f"{g}_mean": means[g],
+            f"{g}_rewards": step.rewards[g],
+            f"{g}_terminated": step.terminated[g],
+            f"{g}_alive": obs.agent_mask[g],
+        }
         if g in step.final.avail_actions:
             out[f"{g}_next_avail"] = step.final.avail_actions[g]
     return out
@@ -288,8 +316,12 @@ def update(mfq, target, optimizer, rb, args, device, rng, temperature):
         q = agents(mb[f"{g}_obs"], mb[f"{g}_mean"]).gather(-1, mb[f"{g}_actions"][..., None]).squeeze(-1)
         with torch.no_grad():
             q_next = agents(mb[f"{g}_next_obs"], mb[f"{g}_next_mean"])
-            v_next = boltzmann_value(q_next, target.agents[g](mb[f"{g}_next_obs"], mb[f"{g}_next_mean"]), temperature,
-                                     mb.get(f"{g}_next_avail"))  # fmt: skip
+            v_next = boltzmann_value(
+                q_next,
+                target.agents[g](mb[f"{g}_next_obs"], mb[f"{g}_next_mean"]),
+                temperature,
+                mb.get(f"{g}_next_avail"),
+            )
             y = mb[f"{g}_rewards"] + args.gamma * (1.0 - mb[f"{g}_terminated"]) * v_next
         mask = mb[f"{g}_alive"]
         sq_err = sq_err + (F.mse_loss(q, y, reduction="none") * mask).sum()

@@ -154,10 +154,19 @@ NETWORK_FLAGS = ("hidden_size",)  # what a checkpoint's weights depend on (--nor
 
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
-    check_args(args, (args.num_minibatches <= args.batch_size, f"--num-minibatches {args.num_minibatches} exceeds "
-                      f"the rollout's {args.batch_size} samples (--num-envs x --num-steps)"),
-               (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
-                f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.num_minibatches <= args.batch_size,
+            f"--num-minibatches {args.num_minibatches} exceeds "
+            f"the rollout's {args.batch_size} samples (--num-envs x --num-steps)",
+        ),
+        (
+            args.total_timesteps >= args.batch_size,
+            f"--total-timesteps {args.total_timesteps} is less than one "
+            f"rollout (--num-envs x --num-steps = {args.batch_size})",
+        ),
+    )
     args.minibatch_size, args.num_iterations = (
         args.batch_size // args.num_minibatches,
         args.total_timesteps // args.batch_size,
@@ -167,26 +176,45 @@ def main(args):
     action_space = env.single_action_space
     agent = Agent(int(np.prod(env.single_observation_space.shape)), action_space, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    greedy = lambda obs, done: to_env(agent.get_action_and_value(agent.preprocess(obs, device), greedy=True)[0],  # noqa: E731
-                                      action_space)  # fmt: skip
+    greedy = lambda obs, done: to_env(
+        agent.get_action_and_value(agent.preprocess(obs, device), greedy=True)[0],  # noqa: E731
+        action_space,
+    )
     make_greedy, eval_env = lambda n, rng: greedy, lambda n, seed: make_gym_env(args, n, seed)  # noqa: E731
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"agent": agent}, eval_env, make_greedy, NETWORK_FLAGS)
         return
-    run = Run(args, ALGO, env, {"agent": agent}, {"agent": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",),
-              eval_env)  # fmt: skip
+    run = Run(
+        args,
+        ALGO,
+        env,
+        {"agent": agent},
+        {"agent": optimizer},
+        rng,
+        make_greedy,
+        NETWORK_FLAGS,
+        ("num_steps",),
+        eval_env,
+    )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     discrete = isinstance(action_space, gym.spaces.Discrete)
-    rb = RolloutBuffer(args.num_steps, args.num_envs, {
-        "obs": ((int(np.prod(env.single_observation_space.shape)),), np.float32),  # preprocessed, as the nets see it
-        "actions": ((), np.int64) if discrete else (action_space.shape, np.float32),  # unclipped samples
-        "logprobs": ((), np.float32),
-        "values": ((), np.float32),
-        "rewards": ((), np.float32),
-        "terminated": ((), np.bool_),
-        "truncated": ((), np.bool_),
-        "final_values": ((), np.float32),  # V(final observation) where an episode was truncated
-    })  # fmt: skip
+    rb = RolloutBuffer(
+        args.num_steps,
+        args.num_envs,
+        {
+            "obs": (
+                (int(np.prod(env.single_observation_space.shape)),),
+                np.float32,
+            ),  # preprocessed, as the nets see it
+            "actions": ((), np.int64) if discrete else (action_space.shape, np.float32),  # unclipped samples
+            "logprobs": ((), np.float32),
+            "values": ((), np.float32),
+            "rewards": ((), np.float32),
+            "terminated": ((), np.bool_),
+            "truncated": ((), np.bool_),
+            "final_values": ((), np.float32),  # V(final observation) where an episode was truncated
+        },
+    )
     raw_obs, _ = env.reset()
     obs = agent.preprocess(raw_obs, device, update=True)
     discounted = np.zeros(args.num_envs)  # running discounted return, for --norm-reward
@@ -213,9 +241,16 @@ def main(args):
                     final = np.stack([infos["final_obs"][i] for i in cut])
                     with torch.no_grad():
                         final_values[cut] = agent.get_value(agent.preprocess(final, device)).cpu().numpy()
-                rb.add(obs=obs.cpu().numpy(), actions=action.cpu().numpy(), logprobs=logprob.cpu().numpy(),
-                       values=value.cpu().numpy(), rewards=rewards, terminated=terminated, truncated=truncated,
-                       final_values=final_values)  # fmt: skip
+                rb.add(
+                    obs=obs.cpu().numpy(),
+                    actions=action.cpu().numpy(),
+                    logprobs=logprob.cpu().numpy(),
+                    values=value.cpu().numpy(),
+                    rewards=rewards,
+                    terminated=terminated,
+                    truncated=truncated,
+                    final_values=final_values,
+                )
                 run.log_episodes(infos, global_step)
                 obs = agent.preprocess(raw_obs, device, update=True)
 
@@ -277,8 +312,14 @@ def update(agent, optimizer, rb, args, device, rng):
             break
     ret, val = rb.targets["returns"], rb["values"]
     explained_var = 0.0 if np.var(ret) == 0 else float(1 - np.var(ret - val) / np.var(ret))
-    return dict(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=ent.item(), approx_kl=approx_kl.item(),
-                clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
+    return dict(
+        policy_loss=pg_loss.item(),
+        value_loss=v_loss.item(),
+        entropy=ent.item(),
+        approx_kl=approx_kl.item(),
+        clipfrac=float(np.mean(clipfracs)),
+        explained_variance=explained_var,
+    )
 
 
 if __name__ == "__main__":

@@ -171,8 +171,9 @@ def acting(agents, specs, args, device, epsilon):
     evaluations, and a checkpoint playing a group: `actor`)."""
 
     def make(num_envs, rng):
-        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
-                  for g, spec in specs.items()}  # fmt: skip
+        hidden = {
+            g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+        }
 
         def act_fn(obs, done):
             if done is not None:
@@ -198,8 +199,14 @@ NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "hypernet_em
 
 
 def main(args):
-    check_args(args, (args.td_lambda == 0 or args.n_step == 1, f"--n-step {args.n_step} and --td-lambda "
-                      f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.td_lambda == 0 or args.n_step == 1,
+            f"--n-step {args.n_step} and --td-lambda "
+            f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step",
+        ),
+    )
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
@@ -217,23 +224,31 @@ def main(args):
         return
     max_len = args.max_episode_len or env.max_steps
     if not max_len:
-        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
-                            f"--max-episode-len")  # fmt: skip
-    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs, env.state_shape),
-                             alpha=args.prioritized_replay_alpha if args.prioritized else None)  # fmt: skip
+        raise ArgumentError(
+            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
+        )
+    rb = EpisodeReplayBuffer(
+        args.buffer_size,
+        max_len,
+        args.num_envs,
+        team_fields(specs, env.state_shape),
+        alpha=args.prioritized_replay_alpha if args.prioritized else None,
+    )
     nets = {"qmix": qmix, "target": target}
     run = Run(args, ALGO, env, nets, {"qmix": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
     obs = env.reset()
-    hidden = {g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device)
-              for g, spec in specs.items()}  # fmt: skip
+    hidden = {
+        g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+    }
     with run:
         while global_step < args.total_timesteps:
             # ACT: epsilon-greedy on each agent's own utility, from its GRU state
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
             actions = act(qmix.agents, specs, obs, hidden, epsilon, rng, device)
             # STEP
             step = env.step(actions)

@@ -187,11 +187,20 @@ NETWORK_FLAGS = ("hidden_size", "mixer", "mixing_embed_dim", "hypernet_embed", "
 
 def main(args):
     args.batch_size = args.num_envs * args.num_steps
-    check_args(args, (args.mixer in ("sum", "mix"), f"--mixer {args.mixer!r} must be 'sum' or 'mix'"),
-               (args.num_minibatches <= args.batch_size, f"--num-minibatches {args.num_minibatches} exceeds the "
-                f"rollout's {args.batch_size} env steps (--num-envs x --num-steps)"),
-               (args.total_timesteps >= args.batch_size, f"--total-timesteps {args.total_timesteps} is less than one "
-                f"rollout (--num-envs x --num-steps = {args.batch_size})"))  # fmt: skip
+    check_args(
+        args,
+        (args.mixer in ("sum", "mix"), f"--mixer {args.mixer!r} must be 'sum' or 'mix'"),
+        (
+            args.num_minibatches <= args.batch_size,
+            f"--num-minibatches {args.num_minibatches} exceeds the "
+            f"rollout's {args.batch_size} env steps (--num-envs x --num-steps)",
+        ),
+        (
+            args.total_timesteps >= args.batch_size,
+            f"--total-timesteps {args.total_timesteps} is less than one "
+            f"rollout (--num-envs x --num-steps = {args.batch_size})",
+        ),
+    )
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
@@ -208,8 +217,9 @@ def main(args):
     if args.eval_checkpoint:
         evaluate_checkpoint(args, ALGO, env, {"vdac": vdac}, eval_env, make_greedy, NETWORK_FLAGS)
         return
-    run = Run(args, ALGO, env, {"vdac": vdac}, {"vdac": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",),
-              eval_env)  # fmt: skip
+    run = Run(
+        args, ALGO, env, {"vdac": vdac}, {"vdac": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env
+    )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     rb = RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(specs, env.state_shape))
     obs = env.reset()
@@ -225,8 +235,7 @@ def main(args):
                 step = env.step(actions)
                 global_step += args.num_envs
                 # STORE: a truncated episode bootstraps from V_tot(final observation), not the next episode's first
-                final_values = act(vdac, step.final, device)[2] if (
-                    step.truncated.any()) else np.zeros_like(values)  # fmt: skip
+                final_values = act(vdac, step.final, device)[2] if (step.truncated.any()) else np.zeros_like(values)
                 rb.add(
                     **team_step(obs, actions, step, specs, state=True),
                     **{f"logprobs_{g}": lp for g, lp in logprobs.items()},
@@ -301,20 +310,28 @@ def update(vdac, optimizer, rb, specs, args, device, rng):
             v_loss = 0.5 * ((v_tot - mb["returns"]) ** 2).mean()
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
             if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-                                         f"{v_loss.item():.3g}); lower --learning-rate")  # fmt: skip
+                raise FloatingPointError(
+                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
+                    f"{v_loss.item():.3g}); lower --learning-rate"
+                )
             optimizer.zero_grad()
             loss.backward()
             for agents in vdac.agents.values():
                 nn.utils.clip_grad_norm_(agents.actor.parameters(), args.max_grad_norm)
             critics = [p for a in vdac.agents.values() for p in a.critic.parameters()]
-            nn.utils.clip_grad_norm_(critics + ([] if vdac.mixer is None else list(vdac.mixer.parameters())),
-                                     args.max_grad_norm)  # fmt: skip
+            nn.utils.clip_grad_norm_(
+                critics + ([] if vdac.mixer is None else list(vdac.mixer.parameters())), args.max_grad_norm
+            )
             optimizer.step()
     ret, val = rb.targets["returns"], rb["values"]
     explained_var = 0.0 if np.var(ret) == 0 else float(1 - np.var(ret - val) / np.var(ret))
-    return dict(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=entropy.item(),
-                clipfrac=float(np.mean(clipfracs)), explained_variance=explained_var)  # fmt: skip
+    return dict(
+        policy_loss=pg_loss.item(),
+        value_loss=v_loss.item(),
+        entropy=entropy.item(),
+        clipfrac=float(np.mean(clipfracs)),
+        explained_variance=explained_var,
+    )
 
 
 if __name__ == "__main__":

@@ -156,8 +156,9 @@ class CentralMixer(nn.Module):
     def __init__(self, n_agents, state_dim, args):
         super().__init__()
         e = args.central_mixing_embed_dim
-        self.net = nn.Sequential(nn.Linear(state_dim + n_agents, e), nn.ReLU(), nn.Linear(e, e), nn.ReLU(),
-                                 nn.Linear(e, 1))  # fmt: skip
+        self.net = nn.Sequential(
+            nn.Linear(state_dim + n_agents, e), nn.ReLU(), nn.Linear(e, e), nn.ReLU(), nn.Linear(e, 1)
+        )
         self.v = nn.Sequential(nn.Linear(state_dim, e), nn.ReLU(), nn.Linear(e, 1))
 
     def forward(self, qs, state):  # qs (T, B, N) chosen central utilities, state (T, B, S) -> Q* (T, B)
@@ -197,8 +198,9 @@ def acting(agents, specs, args, device, epsilon):
     evaluations, and a checkpoint playing a group: `actor`)."""
 
     def make(num_envs, rng):
-        hidden = {g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device)
-                  for g, spec in specs.items()}  # fmt: skip
+        hidden = {
+            g: torch.zeros(1, num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+        }
 
         def act_fn(obs, done):
             if done is not None:
@@ -224,9 +226,15 @@ NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "hypernet_em
 
 
 def main(args):
-    check_args(args, (args.td_lambda == 0 or args.n_step == 1, f"--n-step {args.n_step} and --td-lambda "
-                      f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step"),
-               (args.weighting in ("ow", "cw"), f"--weighting {args.weighting!r} must be 'ow' or 'cw'"))  # fmt: skip
+    check_args(
+        args,
+        (
+            args.td_lambda == 0 or args.n_step == 1,
+            f"--n-step {args.n_step} and --td-lambda "
+            f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step",
+        ),
+        (args.weighting in ("ow", "cw"), f"--weighting {args.weighting!r} must be 'ow' or 'cw'"),
+    )
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
@@ -244,23 +252,31 @@ def main(args):
         return
     max_len = args.max_episode_len or env.max_steps
     if not max_len:
-        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
-                            f"--max-episode-len")  # fmt: skip
-    rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs, env.state_shape),
-                             alpha=args.prioritized_replay_alpha if args.prioritized else None)  # fmt: skip
+        raise ArgumentError(
+            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
+        )
+    rb = EpisodeReplayBuffer(
+        args.buffer_size,
+        max_len,
+        args.num_envs,
+        team_fields(specs, env.state_shape),
+        alpha=args.prioritized_replay_alpha if args.prioritized else None,
+    )
     nets = {"wqmix": wqmix, "target": target}
     run = Run(args, ALGO, env, nets, {"wqmix": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
     obs = env.reset()
-    hidden = {g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device)
-              for g, spec in specs.items()}  # fmt: skip
+    hidden = {
+        g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
+    }
     with run:
         while global_step < args.total_timesteps:
             # ACT: epsilon-greedy on each agent's own utility, from its GRU state
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
             actions = act(wqmix.agents, specs, obs, hidden, epsilon, rng, device)
             # STEP
             step = env.step(actions)
@@ -368,8 +384,10 @@ def update(wqmix, target, optimizer, rb, args, device, rng, beta):
     central_loss = (weights * mask * (q_star - targets) ** 2).sum() / n
     loss = qmix_loss + central_loss
     if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()} (QMIX {qmix_loss.item():.3g}, central "
-                                 f"{central_loss.item():.3g}); lower --learning-rate or check the rewards")  # fmt: skip
+        raise FloatingPointError(
+            f"the TD loss became {loss.item()} (QMIX {qmix_loss.item():.3g}, central "
+            f"{central_loss.item():.3g}); lower --learning-rate or check the rewards"
+        )
     # UPDATE
     optimizer.zero_grad()
     loss.backward()
@@ -378,8 +396,12 @@ def update(wqmix, target, optimizer, rb, args, device, rng, beta):
     if args.prioritized:  # an episode's priority: its mean |TD error| of Q*
         err = ((q_star - targets) * mask).detach().abs().sum(0) / mask.sum(0).clamp(min=1.0)
         rb.update_priorities(batch["indices"], err.cpu().numpy())
-    return dict(td_loss=qmix_loss.item(), central_loss=central_loss.item(), q_values=((q_tot * mask).sum() / n).item(),
-                weight=((w * mask).sum() / n).item())  # fmt: skip
+    return dict(
+        td_loss=qmix_loss.item(),
+        central_loss=central_loss.item(),
+        q_values=((q_tot * mask).sum() / n).item(),
+        weight=((w * mask).sum() / n).item(),
+    )
 
 
 if __name__ == "__main__":
