@@ -237,7 +237,7 @@ def main(args):
             if pending is not None:
                 ended = pending.pop("ended")[:, None, None]
                 rb.add(
-                    **pending, **{f"{g}_next_mean": np.where(ended, pending[f"{g}_mean"], new_means[g]) for g in specs}
+                    **pending, **{f"next_mean_{g}": np.where(ended, pending[f"mean_{g}"], new_means[g]) for g in specs}
                 )
             # STEP
             step = env.step(actions)
@@ -274,17 +274,17 @@ def replay_fields(specs):
     for g, spec in specs.items():
         A, n = spec.n_agents, spec.action_dim
         fields |= {
-            f"{g}_obs": ((A, *spec.obs_shape), np.float32),
-            f"{g}_next_obs": ((A, *spec.obs_shape), np.float32),
-            f"{g}_actions": ((A,), np.int64),
-            f"{g}_mean": ((A, n), np.float32),
-            f"{g}_next_mean": ((A, n), np.float32),
-            f"{g}_rewards": ((A,), np.float32),
-            f"{g}_terminated": ((A,), np.bool_),
-            f"{g}_alive": ((A,), np.bool_),
+            f"obs_{g}": ((A, *spec.obs_shape), np.float32),
+            f"next_obs_{g}": ((A, *spec.obs_shape), np.float32),
+            f"actions_{g}": ((A,), np.int64),
+            f"mean_{g}": ((A, n), np.float32),
+            f"next_mean_{g}": ((A, n), np.float32),
+            f"rewards_{g}": ((A,), np.float32),
+            f"terminated_{g}": ((A,), np.bool_),
+            f"agent_mask_{g}": ((A,), np.bool_),
         }
         if spec.has_action_mask:
-            fields |= {f"{g}_next_avail": ((A, n), np.bool_)}
+            fields |= {f"next_avail_{g}": ((A, n), np.bool_)}
     return fields
 
 
@@ -294,16 +294,16 @@ def transition(specs, obs, actions, means, step):
     out = {"ended": step.done}
     for g in specs:
         out |= {
-            f"{g}_obs": obs.obs[g],
-            f"{g}_next_obs": step.final.obs[g],
-            f"{g}_actions": actions[g],
-            f"{g}_mean": means[g],
-            f"{g}_rewards": step.rewards[g],
-            f"{g}_terminated": step.terminated[g],
-            f"{g}_alive": obs.agent_mask[g],
+            f"obs_{g}": obs.obs[g],
+            f"next_obs_{g}": step.final.obs[g],
+            f"actions_{g}": actions[g],
+            f"mean_{g}": means[g],
+            f"rewards_{g}": step.rewards[g],
+            f"terminated_{g}": step.terminated[g],
+            f"agent_mask_{g}": obs.agent_mask[g],
         }
         if g in step.final.avail_actions:
-            out[f"{g}_next_avail"] = step.final.avail_actions[g]
+            out[f"next_avail_{g}"] = step.final.avail_actions[g]
     return out
 
 
@@ -313,17 +313,17 @@ def update(mfq, target, optimizer, rb, args, device, rng, temperature):
     mb = to_torch(rb.sample(args.batch_size, rng), device)
     sq_err, count, q_sum = 0.0, 0.0, 0.0
     for g, agents in mfq.agents.items():
-        q = agents(mb[f"{g}_obs"], mb[f"{g}_mean"]).gather(-1, mb[f"{g}_actions"][..., None]).squeeze(-1)
+        q = agents(mb[f"obs_{g}"], mb[f"mean_{g}"]).gather(-1, mb[f"actions_{g}"][..., None]).squeeze(-1)
         with torch.no_grad():
-            q_next = agents(mb[f"{g}_next_obs"], mb[f"{g}_next_mean"])
+            q_next = agents(mb[f"next_obs_{g}"], mb[f"next_mean_{g}"])
             v_next = boltzmann_value(
                 q_next,
-                target.agents[g](mb[f"{g}_next_obs"], mb[f"{g}_next_mean"]),
+                target.agents[g](mb[f"next_obs_{g}"], mb[f"next_mean_{g}"]),
                 temperature,
-                mb.get(f"{g}_next_avail"),
+                mb.get(f"next_avail_{g}"),
             )
-            y = mb[f"{g}_rewards"] + args.gamma * (1.0 - mb[f"{g}_terminated"]) * v_next
-        mask = mb[f"{g}_alive"]
+            y = mb[f"rewards_{g}"] + args.gamma * (1.0 - mb[f"terminated_{g}"]) * v_next
+        mask = mb[f"agent_mask_{g}"]
         sq_err = sq_err + (F.mse_loss(q, y, reduction="none") * mask).sum()
         count, q_sum = count + mask.sum(), q_sum + (q.detach() * mask).sum()
     n = count.clamp(min=1.0)

@@ -47,12 +47,12 @@ def test_replay_pairs_each_step_with_the_next_mean_action_of_its_own_episode(tmp
     assert len(rows) == 80 // 2 - 1  # every step but the last (its next mean action never came)
     for i in range(len(rows) - 1):
         ended = (i + 1) % 5 == 0  # steps 4, 9, ... end an episode (the time limit)
-        want = rows[i]["agent_mean"] if ended else rows[i + 1]["agent_mean"]
-        np.testing.assert_array_equal(rows[i]["agent_next_mean"], want)
+        want = rows[i]["mean_agent"] if ended else rows[i + 1]["mean_agent"]
+        np.testing.assert_array_equal(rows[i]["next_mean_agent"], want)
     # the stored mean is the mean of the other agents' stored actions (group: every other living agent)
     for r in rows:
         np.testing.assert_allclose(
-            r["agent_mean"], neighbour_mean_actions(None, r["agent_alive"], r["agent_actions"], 5)
+            r["mean_agent"], neighbour_mean_actions(None, r["agent_mask_agent"], r["actions_agent"], 5)
         )
     assert scalars(tmp_path, "losses/td_loss")
 
@@ -64,7 +64,7 @@ def test_acting_averages_over_the_view_on_grid_envs(radius, tmp_path, capsys):
     original = ReplayBuffer.add
 
     def record(self, **step):
-        stored.append(step["red_mean"].copy())
+        stored.append(step["mean_red"].copy())
         return original(self, **step)
 
     with mock.patch.object(ReplayBuffer, "add", record):
