@@ -1072,3 +1072,22 @@ def test_cuda_check_refuses_to_run_without_a_device_and_names_the_way_out(monkey
             cuda_check.main()
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err, err
+
+
+def test_bench_battle_counts_agents_as_magent2_places_them_and_reports_the_gpu_ratio(monkeypatch, capsys):
+    import bench_battle
+    import torch
+
+    assert [bench_battle.agents_a_side(m) for m in (45, 40)] == [81, 64]
+    run = dict(algo="ippo", malloc="heap only", agent_steps_per_s=0, peak_rss_gib=1, hours_for_2m=1, command="c")
+    report = dict(date="d", cpu="c", cores=16, gpu="G", workers=4, load_average_before=[0] * 3, load_average=[0] * 3,
+                  map_size=40, agents_a_side=64, max_cycles=400, command="x", steps=1,
+                  runs=[run | dict(device="cpu", sps=50.0), run | dict(device="G", sps=400.0)])  # fmt: skip
+    text = bench_battle.markdown(report)
+    assert "40 x 40 (64 agents a side)" in text and "ippo with `--cuda`: **8.0x**" in text
+    assert "| ippo | heap only | G | 400.0 |" in text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["bench_battle.py", "--cuda"])
+    with pytest.raises(SystemExit) as e:
+        bench_battle.main()
+    assert e.value.code == 2 and "--cuda: no CUDA device here" in capsys.readouterr().err
