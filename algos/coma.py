@@ -14,13 +14,11 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
     gru_sequence,
+    linear_schedule,
     make_env,
-    make_eval_env,
     setup,
 )
 
@@ -151,11 +149,6 @@ def counterfactual_advantages(q_all, pi, actions):
     return q_all.gather(-1, actions[..., None]).squeeze(-1) - (pi * q_all).sum(-1)
 
 
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
 def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
@@ -227,7 +220,7 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     state_dim = int(np.prod(env.state_shape))
     comas = {g: Coma(spec, state_dim, args).to(device) for g, spec in env.groups.items()}
     optimizers = {
@@ -237,11 +230,9 @@ def main(args):
     }
 
     make_greedy = acting(comas, args, device)  # evaluation: the most probable action
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, comas, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    run = Run(args, ALGO, env, comas, optimizers, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env)
+    run = Run(
+        args, ALGO, env, comas, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS, same_flags=("num_steps",)
+    )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     buffers = {
         g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))

@@ -2,6 +2,7 @@
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -10,18 +11,18 @@ import torch.nn.functional as F
 
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from runtime import (
-    ArgumentError,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
+    crossings,
+    episode_length,
+    linear_schedule,
     make_env,
-    make_eval_env,
     setup,
+    soft_update,
     sub_state,
 )
 
@@ -63,7 +64,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """env steps per gradient step (summed over envs)"""
     hidden_size: int = 64
     """width of the agents' encoder and GRU, whose features feed the utility and payoff heads"""
-    graph: str = "full"
+    graph: Literal["full", "line", "cycle", "star", "none"] = "full"
     """the coordination graph over the team's agents: every pair (the paper's DCG), a chain, a ring, a star around
     the first agent, or no edges (then Q is the mean of the utilities: VDN)"""
     payoff_rank: int = 0
@@ -219,30 +220,21 @@ def main(args):
         args,
         (args.payoff_rank >= 0, "--payoff-rank must be >= 0 (0: full-rank payoff matrices)"),
         (args.msg_iterations >= 1, "--msg-iterations must be >= 1"),
-        (args.graph in GRAPHS, f"--graph {args.graph!r} must be one of {', '.join(GRAPHS)}"),
     )
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     specs = {g: env.groups[g] for g in learners}
     dcg = DCG(specs, args, max(spec.action_dim for spec in specs.values())).to(device)
     target = copy.deepcopy(dcg)
     optimizer = torch.optim.Adam(dcg.parameters(), lr=args.learning_rate)
 
     make_greedy = acting(dcg, specs, args, device, epsilon=0.0)  # evaluation: greedy
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"dcg": dcg}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    max_len = args.max_episode_len or env.max_steps
-    if not max_len:
-        raise ArgumentError(
-            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
-        )
+    max_len = episode_length(args, env.max_steps)
     rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs))
     nets = {"dcg": dcg, "target": target}
-    run = Run(args, ALGO, env, nets, {"dcg": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, {"dcg": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
@@ -275,8 +267,7 @@ def main(args):
                 for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
                     losses = update(dcg, target, optimizer, rb, args, device, rng)
                 if crossings(global_step, args.num_envs, args.target_network_frequency):
-                    for p, tp in zip(dcg.parameters(), target.parameters(), strict=True):
-                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+                    soft_update(target, dcg, args.tau)
 
             # LOG
             if crossings(global_step, args.num_envs, args.log_interval):
@@ -290,24 +281,11 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: epsilon's schedule, the step counter's crossings, the graph, max-sum and the update ---
-
-
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
+# --- what the loop calls: the graph, max-sum and the update ---
 
 
 def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
-GRAPHS = ("full", "line", "cycle", "star", "none")
 
 
 def graph_edges(graph, n_agents):

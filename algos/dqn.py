@@ -9,7 +9,17 @@ import torch.nn as nn
 import tyro
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
-from runtime import Run, RunArgs, check_args, check_discrete, cli, evaluate_checkpoint, setup
+from runtime import (
+    Run,
+    RunArgs,
+    check_args,
+    check_discrete,
+    cli,
+    crossings,
+    linear_schedule,
+    setup,
+    soft_update,
+)
 from runtime.args import make_gym_env
 
 ALGO = "dqn"
@@ -81,16 +91,6 @@ class QNetwork(nn.Module):
         return self.value(h) + a - a.mean(-1, keepdim=True)  # Wang et al. 2016, eq. 9
 
 
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
-
-
 def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
@@ -109,11 +109,8 @@ def main(args):
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
     greedy = lambda obs, done: q_network(t(obs, device)).argmax(-1).cpu().numpy()  # noqa: E731
-    make_greedy, eval_env = lambda n, rng: greedy, lambda n, seed: make_gym_env(args, n, seed)  # noqa: E731
+    make_greedy = lambda n, rng: greedy  # noqa: E731
     nets = {"q_network": q_network, "target_network": target_network}
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"q_network": q_network}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
     fields = {
         "obs": (obs_shape, np.float32),
         "next_obs": (obs_shape, np.float32),  # the episode's final observation where it ended
@@ -126,7 +123,7 @@ def main(args):
         rb = PrioritizedReplayBuffer(args.buffer_size, args.num_envs, fields, alpha=args.prioritized_replay_alpha)
     else:
         rb = ReplayBuffer(args.buffer_size, args.num_envs, fields)
-    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
@@ -161,14 +158,13 @@ def main(args):
 
             # TARGETS and UPDATE: one gradient step per --train-frequency env steps
             if global_step > train_start and len(rb) >= args.batch_size:
-                beta = args.prioritized_replay_beta + (1.0 - args.prioritized_replay_beta) * min(
-                    1.0, global_step / args.total_timesteps
-                )
+                beta = linear_schedule(
+                    args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step
+                )  # to 1 (--prioritized)
                 for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
                     losses = update(q_network, target_network, optimizer, rb, args, device, rng, beta)
                 if crossings(global_step, args.num_envs, args.target_network_frequency):
-                    for p, tp in zip(q_network.parameters(), target_network.parameters(), strict=True):
-                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+                    soft_update(target_network, q_network, args.tau)
 
             # LOG
             if crossings(global_step, args.num_envs, LOG_EVERY):

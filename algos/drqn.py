@@ -9,7 +9,18 @@ import torch.nn as nn
 import tyro
 
 from buffers import EpisodeReplayBuffer, to_torch
-from runtime import ArgumentError, Run, RunArgs, check_args, check_discrete, cli, evaluate_checkpoint, setup
+from runtime import (
+    Run,
+    RunArgs,
+    check_args,
+    check_discrete,
+    cli,
+    crossings,
+    episode_length,
+    linear_schedule,
+    setup,
+    soft_update,
+)
 from runtime.args import make_gym_env
 
 ALGO = "drqn"
@@ -79,16 +90,6 @@ class RecurrentQNetwork(nn.Module):
         return self.head(out), h
 
 
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
-
-
 def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
@@ -119,16 +120,8 @@ def main(args):
 
         return greedy
 
-    eval_env = lambda n, seed: make_gym_env(args, n, seed)  # noqa: E731
     nets = {"q_network": q_network, "target_network": target_network}
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"q_network": q_network}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    max_len = args.max_episode_len or env.unwrapped.get_attr("spec")[0].max_episode_steps
-    if not max_len:
-        raise ArgumentError(
-            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
-        )
+    max_len = episode_length(args, env.unwrapped.get_attr("spec")[0].max_episode_steps)
     rb = EpisodeReplayBuffer(
         args.buffer_size,
         max_len,
@@ -140,7 +133,7 @@ def main(args):
             "terminated": ((), np.bool_),  # a time-limit end is not terminated: its last step bootstraps
         },
     )
-    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, {"q_network": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
@@ -172,8 +165,7 @@ def main(args):
                 for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
                     losses = update(q_network, target_network, optimizer, rb, args, device, rng)
                 if crossings(global_step, args.num_envs, args.target_network_frequency):
-                    for p, tp in zip(q_network.parameters(), target_network.parameters(), strict=True):
-                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+                    soft_update(target_network, q_network, args.tau)
 
             # LOG
             if crossings(global_step, args.num_envs, LOG_EVERY):

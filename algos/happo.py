@@ -16,13 +16,10 @@ from runtime import (
     RunningNorm,
     adam,
     check_args,
-    check_groups,
     checkpoint_args,
     cli,
     clip_grad_norm,
-    evaluate_checkpoint,
     make_env,
-    make_eval_env,
     setup,
     sub_state,
 )
@@ -211,7 +208,7 @@ def main(args):
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     specs = {g: env.groups[g] for g in learners}
     team = Team(specs, int(np.prod(env.state_shape)), args).to(device)
     optimizers = {"critic": adam(team.critic.parameters(), args.learning_rate, eps=1e-5)}
@@ -220,11 +217,17 @@ def main(args):
             optimizers[f"{g}.{i}"] = adam(a.parameters(), args.learning_rate, eps=1e-5)
 
     make_greedy = acting(team.groups, device)  # evaluation: greedy actions
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"happo": team}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    run = Run(args, ALGO, env, {"happo": team}, optimizers, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env)
+    run = Run(
+        args,
+        ALGO,
+        env,
+        {"happo": team},
+        optimizers,
+        rng,
+        make_greedy,
+        network_flags=NETWORK_FLAGS,
+        same_flags=("num_steps",),
+    )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     rb = RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(specs, env.state_shape))
     obs = env.reset()
@@ -348,9 +351,15 @@ def update_critic(team, opt, rb, args, device, rng):
             new_v, target, old_v = team.critic_value(mb["state"]), norm(mb["returns"]), norm(mb["values"])
             err = (target - new_v).abs()
             if args.clip_vloss:
-                err = torch.max(err, (target - old_v - (new_v - old_v).clamp(-args.clip_coef, args.clip_coef)).abs())
-            d = args.huber_delta
-            v_loss = (torch.where(err < d, 0.5 * err**2, d * (err - 0.5 * d)) if d > 0 else 0.5 * err**2).mean()
+                # the error of a value moved at most --clip-coef from the one acted with
+                clipped_err = (target - old_v - (new_v - old_v).clamp(-args.clip_coef, args.clip_coef)).abs()
+                err = torch.max(err, clipped_err)
+            delta = args.huber_delta
+            if delta > 0:  # Huber: squared below delta, linear above it
+                huber = torch.where(err < delta, 0.5 * err**2, delta * (err - 0.5 * delta))
+            else:
+                huber = 0.5 * err**2
+            v_loss = huber.mean()
             if not torch.isfinite(v_loss):  # stop before the weights are poisoned
                 raise FloatingPointError(f"the value loss became {v_loss.item()}; lower --learning-rate")
             opt.zero_grad()

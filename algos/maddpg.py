@@ -15,12 +15,11 @@ from runtime import (
     adam,
     check_action_flags,
     check_args,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
+    crossings,
+    linear_schedule,
     make_env,
-    make_eval_env,
     optimize,
     setup,
     soft_update,
@@ -203,7 +202,7 @@ def main(args):
     check_args(args)
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     check_action_flags(args, env, continuous_only=("exploration_noise",), discrete_only=("gumbel_temperature",))
     obs_dim = int(np.prod(env.state_shape)) if args.critic_state else 0
     obs_dim = obs_dim or sum(s.n_agents * int(np.prod(s.obs_shape)) for s in env.groups.values())
@@ -213,10 +212,6 @@ def main(args):
     actor_targets, critic_targets = copy.deepcopy(actors), copy.deepcopy(critics)
     nets = dict(actors=actors, critics=critics, actor_targets=actor_targets, critic_targets=critic_targets)
     make_greedy = acting(actors, args, device)  # evaluation: mu(o), no noise
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
 
     optimizers = dict(
         actor=adam([p for g in learners for p in actors[g].parameters()], args.actor_lr),
@@ -225,10 +220,10 @@ def main(args):
     fields = joint_fields(env.groups, env.state_shape if args.critic_state else None)
     per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
     rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
-    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
     learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
-    next_log, losses = global_step + args.log_interval, {}
+    losses = {}
     obs = env.reset()
     with run:
         while global_step < args.total_timesteps:
@@ -244,10 +239,11 @@ def main(args):
             obs = step.next
 
             # UPDATE: --gradient-steps updates per --train-frequency env steps
-            rounds = global_step // args.train_frequency - (global_step - args.num_envs) // args.train_frequency
+            rounds = crossings(global_step, args.num_envs, args.train_frequency)
             if len(rb) >= learning_starts:
-                beta0 = args.prioritized_replay_beta  # annealed linearly to 1
-                beta = beta0 + (1 - beta0) * min(1, global_step / args.total_timesteps)
+                beta = linear_schedule(
+                    args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step
+                )  # to 1 (--prioritized)
                 for _ in range(rounds * args.gradient_steps):
                     sample = rb.sample(args.batch_size, rng, **({"beta": beta} if args.prioritized else {}))
                     new_losses, td = update(to_torch(sample, device), nets, optimizers, args, learners)
@@ -256,8 +252,7 @@ def main(args):
                         rb.update_priorities(sample["indices"], td.cpu().numpy())
 
             # LOG
-            if global_step >= next_log or global_step >= args.total_timesteps:
-                next_log += args.log_interval
+            if crossings(global_step, args.num_envs, args.log_interval) or global_step >= args.total_timesteps:
                 writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
                 for k, v in losses.items():  # the latest update's: the mean over agents, then per group
                     writer.add_scalar(f"losses/{k}", v.item(), global_step)
@@ -288,7 +283,8 @@ def critic_input(x_obs, actions, n_agents, g=None, own=None):
 
 def update(b, nets, optimizers, args, learners):
     """One MADDPG update from a batch-major batch `b`: every learning agent's critic, then its actor, then targets."""
-    actors, critics, actor_targets, critic_targets = nets.values()
+    actors, critics = nets["actors"], nets["critics"]
+    actor_targets, critic_targets = nets["actor_targets"], nets["critic_targets"]
     specs = {g: a.spec for g, a in actors.items()}
     sizes = {g: s.n_agents for g, s in specs.items()}
     onehot = lambda a, s: F.one_hot(a, s.action_dim).float() if s.discrete else a  # noqa: E731

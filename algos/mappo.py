@@ -17,16 +17,13 @@ from runtime import (
     RunningNorm,
     adam,
     check_args,
-    check_groups,
     checkpoint_args,
     cli,
     clip_grad_norm,
-    evaluate_checkpoint,
     fast_acting,
     feature_norm,
     gru_sequence,
     make_env,
-    make_eval_env,
     mlp_forward,
     setup,
 )
@@ -284,17 +281,15 @@ def main(args):
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     state_dim = int(np.prod(env.state_shape))
     policies = {g: Policy(spec, state_dim, args).to(device) for g, spec in env.groups.items()}
     optimizers = {g: adam(policies[g].parameters(), args.learning_rate, eps=1e-5) for g in learners}
 
     make_greedy = acting(policies, args, device)  # evaluation: greedy actions
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, policies, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    run = Run(args, ALGO, env, policies, optimizers, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env)
+    run = Run(
+        args, ALGO, env, policies, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS, same_flags=("num_steps",)
+    )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     buffers = {
         g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
@@ -442,8 +437,8 @@ def update(pol, opt, rb, args, device, rng):
             mb = to_torch(mb, device)
             mask = mb["agent_mask"]  # death masking: a dead agent's steps weigh nothing in any loss
             out, new_v = forward_batch(pol, mb, args)  # new_v in normalized units, like the targets below
-            d = pol.dist(out, mb.get("avail_actions"))
-            logprob, entropy = pol.log_prob(d, mb["actions"]), pol.entropy(d)
+            dist = pol.dist(out, mb.get("avail_actions"))
+            logprob, entropy = pol.log_prob(dist, mb["actions"]), pol.entropy(dist)
             logratio = logprob - mb["logprobs"]
             ratio = logratio.exp()
             with torch.no_grad():
@@ -459,11 +454,15 @@ def update(pol, opt, rb, args, device, rng):
             target, old_v = norm(mb["returns"]), norm(mb["values"])
             err = (target - new_v).abs()
             if args.clip_vloss:
-                err = torch.max(err, (target - old_v - (new_v - old_v).clamp(-args.clip_coef, args.clip_coef)).abs())
-            d = args.huber_delta
-            v_loss = masked_mean(
-                mask, torch.where(err < d, 0.5 * err**2, d * (err - 0.5 * d)) if d > 0 else 0.5 * err**2
-            )
+                # the error of a value moved at most --clip-coef from the one acted with
+                clipped_err = (target - old_v - (new_v - old_v).clamp(-args.clip_coef, args.clip_coef)).abs()
+                err = torch.max(err, clipped_err)
+            delta = args.huber_delta
+            if delta > 0:  # Huber: squared below delta, linear above it
+                huber = torch.where(err < delta, 0.5 * err**2, delta * (err - 0.5 * delta))
+            else:
+                huber = 0.5 * err**2
+            v_loss = masked_mean(mask, huber)
             ent = masked_mean(mask, entropy)
             loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
             if not torch.isfinite(loss):  # stop before the weights are poisoned

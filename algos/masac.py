@@ -17,12 +17,11 @@ from runtime import (
     adam,
     check_action_flags,
     check_args,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
+    crossings,
+    linear_schedule,
     make_env,
-    make_eval_env,
     optimize,
     setup,
     soft_update,
@@ -216,10 +215,16 @@ NETWORK_FLAGS = ("hidden_size", "share_params", "critic_state", "random_groups")
 
 
 def main(args):
-    check_args(args)
+    check_args(
+        args,
+        (
+            args.autotune or (args.target_entropy is None and args.alpha_lr == Args.alpha_lr),
+            "--target-entropy and --alpha-lr tune alpha, and --no-autotune keeps it fixed: drop one or the other",
+        ),
+    )
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     check_action_flags(args, env)
     obs_dim = int(np.prod(env.state_shape)) if args.critic_state else 0
     obs_dim = obs_dim or sum(s.n_agents * int(np.prod(s.obs_shape)) for s in env.groups.values())
@@ -232,10 +237,6 @@ def main(args):
     alphas = alphas.to(device)
     nets = dict(actors=actors, critics=critics, critic_targets=critic_targets, alphas=alphas)
     make_greedy = acting(actors, device)  # evaluation: the policy's mode
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"actors": actors}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
 
     target_entropy = {g: target_entropy_of(env.groups[g], args) for g in learners}
     optimizers = dict(
@@ -247,10 +248,10 @@ def main(args):
     fields = joint_fields(env.groups, env.state_shape if args.critic_state else None)
     per = dict(alpha=args.prioritized_replay_alpha) if args.prioritized else {}
     rb = (PrioritizedReplayBuffer if args.prioritized else ReplayBuffer)(args.buffer_size, args.num_envs, fields, **per)
-    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
     learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
-    next_log, losses = global_step + args.log_interval, {}
+    losses = {}
     obs = env.reset()
     with run:
         while global_step < args.total_timesteps:
@@ -266,10 +267,11 @@ def main(args):
             obs = step.next
 
             # UPDATE: --gradient-steps updates per --train-frequency env steps
-            rounds = global_step // args.train_frequency - (global_step - args.num_envs) // args.train_frequency
+            rounds = crossings(global_step, args.num_envs, args.train_frequency)
             if len(rb) >= learning_starts:
-                beta0 = args.prioritized_replay_beta  # annealed linearly to 1
-                beta = beta0 + (1 - beta0) * min(1, global_step / args.total_timesteps)
+                beta = linear_schedule(
+                    args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step
+                )  # to 1 (--prioritized)
                 for _ in range(rounds * args.gradient_steps):
                     sample = rb.sample(args.batch_size, rng, **({"beta": beta} if args.prioritized else {}))
                     new_losses, td = update(to_torch(sample, device), nets, optimizers, args, learners, target_entropy)
@@ -278,8 +280,7 @@ def main(args):
                         rb.update_priorities(sample["indices"], td.cpu().numpy())
 
             # LOG
-            if global_step >= next_log or global_step >= args.total_timesteps:
-                next_log += args.log_interval
+            if crossings(global_step, args.num_envs, args.log_interval) or global_step >= args.total_timesteps:
                 writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
                 for k, v in losses.items():  # the latest update's: the mean over agents, then per group
                     writer.add_scalar(f"losses/{k}", v.item(), global_step)
@@ -331,7 +332,8 @@ def critic_input(x_obs, actions, n_agents, g=None, own=None):
 
 def update(b, nets, optimizers, args, learners, target_entropy):
     """One MASAC update from a batch-major batch `b`: the twin critics, the actors, the temperatures, the targets."""
-    actors, critics, critic_targets, alphas = nets.values()
+    actors, critics = nets["actors"], nets["critics"]
+    critic_targets, alphas = nets["critic_targets"], nets["alphas"]
     specs = {g: a.spec for g, a in actors.items()}
     sizes = {g: s.n_agents for g, s in specs.items()}
     onehot = lambda a, s: F.one_hot(a, s.action_dim).float() if s.discrete else a  # noqa: E731

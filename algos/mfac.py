@@ -1,6 +1,7 @@
 """MF-AC, mean-field actor-critic (Yang et al. 2018, arXiv:1802.05438)"""
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -15,12 +16,9 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
     make_env,
-    make_eval_env,
     setup,
     sub_state,
 )
@@ -35,7 +33,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """parallel training envs"""
 
     # --- MF-AC (an actor pi(a|o) and a critic Q(o, a, neighbours' mean action), shared by a group's agents) ---
-    mean_over: str = "auto"
+    mean_over: Literal["auto", "view", "group"] = "auto"
     """the neighbours whose actions are averaged: 'view' (the agents within --view-radius, on grid envs),
     'group' (every other living agent of the group), or 'auto' (view where the env has positions, else group)"""
     view_radius: float = 6.0
@@ -143,10 +141,6 @@ def main(args):
     args.batch_size = args.num_envs * args.num_steps
     check_args(
         args,
-        (
-            args.mean_over in ("auto", "view", "group"),
-            f"--mean-over {args.mean_over!r} is not 'auto', 'view' or 'group'",
-        ),
         (args.view_radius >= 0, f"--view-radius {args.view_radius} must be >= 0"),
         (
             args.total_timesteps >= args.batch_size,
@@ -158,7 +152,7 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    specs = {g: env.groups[g] for g in check_groups(args, env)}
+    specs = dict(env.groups)
     if args.mean_over == "view" and (unplaced := [g for g, s in specs.items() if not s.has_positions]):
         raise ArgumentError(
             f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
@@ -167,12 +161,16 @@ def main(args):
     mfac = MFAC(specs, args).to(device)
     optimizer = torch.optim.Adam(mfac.parameters(), lr=args.learning_rate)
     make_greedy = lambda n, rng: lambda obs, done: act(mfac.agents, specs, obs, device, args, greedy=True)[0]  # noqa: E731
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"mfac": mfac}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
     run = Run(
-        args, ALGO, env, {"mfac": mfac}, {"mfac": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env
+        args,
+        ALGO,
+        env,
+        {"mfac": mfac},
+        {"mfac": optimizer},
+        rng,
+        make_greedy,
+        network_flags=NETWORK_FLAGS,
+        same_flags=("num_steps",),
     )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(spec)) for g, spec in specs.items()}

@@ -2,6 +2,7 @@
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -16,13 +17,13 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
+    crossings,
+    linear_schedule,
     make_env,
-    make_eval_env,
     setup,
+    soft_update,
     sub_state,
 )
 
@@ -38,7 +39,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
 
     # --- MF-Q (every agent's Q(o, a, mean action of its neighbours); a group's agents share the network) ---
-    mean_over: str = "auto"
+    mean_over: Literal["auto", "view", "group"] = "auto"
     """the neighbours whose actions are averaged: 'view' (the agents within --view-radius, on grid envs),
     'group' (every other living agent of the group), or 'auto' (view where the env has positions, else group)"""
     view_radius: float = 6.0
@@ -93,15 +94,6 @@ class MFQ(nn.Module):
     def __init__(self, specs, args):
         super().__init__()
         self.agents = nn.ModuleDict({g: MeanFieldQ(spec, args) for g, spec in specs.items()})
-
-
-def linear_schedule(start, end, duration, t):
-    return start + (end - start) * min(t / max(duration, 1), 1.0)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
 
 
 def t(x, device):
@@ -186,10 +178,6 @@ NETWORK_FLAGS = ("hidden_size",)  # what the weights depend on
 def main(args):
     check_args(
         args,
-        (
-            args.mean_over in ("auto", "view", "group"),
-            f"--mean-over {args.mean_over!r} is not 'auto', 'view' or 'group'",
-        ),
         (args.view_radius >= 0, f"--view-radius {args.view_radius} must be >= 0"),
         (
             min(args.temperature_start, args.temperature_end) > 0,
@@ -200,7 +188,7 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    specs = {g: env.groups[g] for g in check_groups(args, env)}
+    specs = dict(env.groups)
     if args.mean_over == "view" and (unplaced := [g for g, s in specs.items() if not s.has_positions]):
         raise ArgumentError(
             f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
@@ -210,14 +198,10 @@ def main(args):
     target = copy.deepcopy(mfq)
     optimizer = torch.optim.Adam(mfq.parameters(), lr=args.learning_rate)
     make_greedy = acting(mfq.agents, specs, args, device)  # evaluation: greedy on the previous mean action
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"mfq": mfq}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
     rows = max(args.buffer_size // max(s.n_agents for s in specs.values()), args.num_envs, args.batch_size)
     rb = ReplayBuffer(rows, args.num_envs, replay_fields(specs))
     nets = {"mfq": mfq, "target": target}
-    run = Run(args, ALGO, env, nets, {"mfq": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, {"mfq": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses, pending = {}, None
@@ -251,8 +235,7 @@ def main(args):
             if global_step > train_start and len(rb) >= args.batch_size:
                 for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
                     losses = update(mfq, target, optimizer, rb, args, device, rng, temperature)
-                    for p, tp in zip(mfq.parameters(), target.parameters(), strict=True):
-                        tp.data.lerp_(p.data, args.tau)
+                    soft_update(target, mfq, args.tau)
 
             # LOG
             if crossings(global_step, args.num_envs, args.log_interval):

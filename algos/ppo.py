@@ -11,7 +11,13 @@ import tyro
 from torch.distributions import Categorical, Normal
 
 from buffers import RolloutBuffer, to_torch
-from runtime import Run, RunArgs, check_args, cli, evaluate_checkpoint, setup
+from runtime import (
+    Run,
+    RunArgs,
+    check_args,
+    cli,
+    setup,
+)
 from runtime.args import make_gym_env
 
 ALGO = "ppo"
@@ -180,10 +186,7 @@ def main(args):
         agent.get_action_and_value(agent.preprocess(obs, device), greedy=True)[0],  # noqa: E731
         action_space,
     )
-    make_greedy, eval_env = lambda n, rng: greedy, lambda n, seed: make_gym_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"agent": agent}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
+    make_greedy = lambda n, rng: greedy  # noqa: E731
     run = Run(
         args,
         ALGO,
@@ -192,9 +195,8 @@ def main(args):
         {"agent": optimizer},
         rng,
         make_greedy,
-        NETWORK_FLAGS,
-        ("num_steps",),
-        eval_env,
+        network_flags=NETWORK_FLAGS,
+        same_flags=("num_steps",),
     )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     discrete = isinstance(action_space, gym.spaces.Discrete)

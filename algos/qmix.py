@@ -11,18 +11,18 @@ import torch.nn.functional as F
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
-    ArgumentError,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
+    crossings,
+    episode_length,
+    linear_schedule,
     make_env,
-    make_eval_env,
     setup,
+    soft_update,
     sub_state,
 )
 
@@ -210,7 +210,7 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     specs = {g: env.groups[g] for g in learners}
     state_dim = int(np.prod(env.state_shape))
     qmix = QMIX(specs, state_dim, args).to(device)
@@ -218,15 +218,7 @@ def main(args):
     optimizer = torch.optim.Adam(qmix.parameters(), lr=args.learning_rate)
 
     make_greedy = acting(qmix.agents, specs, args, device, epsilon=0.0)  # evaluation: greedy
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"qmix": qmix}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    max_len = args.max_episode_len or env.max_steps
-    if not max_len:
-        raise ArgumentError(
-            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
-        )
+    max_len = episode_length(args, env.max_steps)
     rb = EpisodeReplayBuffer(
         args.buffer_size,
         max_len,
@@ -235,7 +227,7 @@ def main(args):
         alpha=args.prioritized_replay_alpha if args.prioritized else None,
     )
     nets = {"qmix": qmix, "target": target}
-    run = Run(args, ALGO, env, nets, {"qmix": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, {"qmix": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
@@ -267,12 +259,12 @@ def main(args):
             # TARGETS and UPDATE: one gradient step per --train-frequency env steps
             if global_step > train_start and len(rb) >= args.batch_size:
                 for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
-                    frac = min(global_step / args.total_timesteps, 1.0)  # beta anneals to 1 (--prioritized)
-                    beta = args.prioritized_replay_beta + (1.0 - args.prioritized_replay_beta) * frac
+                    beta = linear_schedule(
+                        args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step
+                    )  # to 1 (--prioritized)
                     losses = update(qmix, target, optimizer, rb, args, device, rng, beta)
                 if crossings(global_step, args.num_envs, args.target_network_frequency):
-                    for p, tp in zip(qmix.parameters(), target.parameters(), strict=True):
-                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+                    soft_update(target, qmix, args.tau)
 
             # LOG
             if crossings(global_step, args.num_envs, args.log_interval):
@@ -286,17 +278,7 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: epsilon's schedule, the step counter's crossings and the QMIX update ---
-
-
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
+# --- what the loop calls: the QMIX update ---
 
 
 def t(x, device):
@@ -326,8 +308,10 @@ def update(qmix, target, optimizer, rb, args, device, rng, beta):
         chosen.append(q[:-1].gather(-1, mb[f"actions_{g}"][:-1, ..., None]).squeeze(-1) * alive[:-1])
         with torch.no_grad():  # Double Q: the online agents pick the next actions, the target agents evaluate them
             avail = mb.get(f"avail_{g}")
-            best = (q if avail is None else q.masked_fill(avail == 0, -torch.inf))[1:].argmax(-1, keepdim=True)
-            next_q.append(target.agents[g](mb[f"obs_{g}"])[0][1:].gather(-1, best).squeeze(-1) * alive[1:])
+            q_next = q[1:] if avail is None else q[1:].masked_fill(avail[1:] == 0, -torch.inf)  # available only
+            best = q_next.argmax(-1, keepdim=True)  # the online agents' pick
+            target_q_next = target.agents[g](mb[f"obs_{g}"])[0][1:]  # the target agents' values of it
+            next_q.append(target_q_next.gather(-1, best).squeeze(-1) * alive[1:])
     q_tot = qmix.mixer(torch.cat(chosen, -1), mb["state"][:-1])  # (L, B)
     # TARGETS: TD(lambda) (or n-step) over the target mixer's Q_tot of the next steps
     with torch.no_grad():

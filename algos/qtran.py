@@ -10,18 +10,18 @@ import torch.nn.functional as F
 
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from runtime import (
-    ArgumentError,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
+    crossings,
+    episode_length,
+    linear_schedule,
     make_env,
-    make_eval_env,
     setup,
+    soft_update,
     sub_state,
 )
 
@@ -189,7 +189,7 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     specs = {g: env.groups[g] for g in learners}
     state_dim = int(np.prod(env.state_shape))
     qtran = QTRAN(specs, state_dim, args).to(device)
@@ -197,18 +197,10 @@ def main(args):
     optimizer = torch.optim.Adam(qtran.parameters(), lr=args.learning_rate)
 
     make_greedy = acting(qtran.agents, specs, args, device, epsilon=0.0)  # evaluation: greedy
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"qtran": qtran}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    max_len = args.max_episode_len or env.max_steps
-    if not max_len:
-        raise ArgumentError(
-            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
-        )
+    max_len = episode_length(args, env.max_steps)
     rb = EpisodeReplayBuffer(args.buffer_size, max_len, args.num_envs, team_fields(specs, env.state_shape))
     nets = {"qtran": qtran, "target": target}
-    run = Run(args, ALGO, env, nets, {"qtran": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, {"qtran": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
@@ -242,8 +234,7 @@ def main(args):
                 for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
                     losses = update(qtran, target, optimizer, rb, args, device, rng)
                 if crossings(global_step, args.num_envs, args.target_network_frequency):
-                    for p, tp in zip(qtran.parameters(), target.parameters(), strict=True):
-                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+                    soft_update(target, qtran, args.tau)
 
             # LOG
             if crossings(global_step, args.num_envs, args.log_interval):
@@ -257,17 +248,7 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: epsilon's schedule, the step counter's crossings and the QTRAN update ---
-
-
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
+# --- what the loop calls: the QTRAN update ---
 
 
 def t(x, device):

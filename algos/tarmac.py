@@ -16,13 +16,10 @@ from runtime import (
     RunningNorm,
     adam,
     check_args,
-    check_groups,
     checkpoint_args,
     cli,
     clip_grad_norm,
-    evaluate_checkpoint,
     make_env,
-    make_eval_env,
     setup,
     sub_state,
 )
@@ -240,16 +237,12 @@ def main(args):
     args.num_iterations = args.total_timesteps // args.batch_size
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     specs = {g: env.groups[g] for g in learners}
     net = TarMAC(specs, args).to(device)
     optimizer = adam(net.parameters(), args.learning_rate, eps=1e-5)
 
     make_greedy = acting(net, args, device)  # evaluation: greedy actions
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"tarmac": net}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
     run = Run(
         args,
         ALGO,
@@ -258,9 +251,8 @@ def main(args):
         {"tarmac": optimizer},
         rng,
         make_greedy,
-        NETWORK_FLAGS,
-        ("num_steps",),
-        eval_env,
+        network_flags=NETWORK_FLAGS,
+        same_flags=("num_steps",),
     )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     rb = RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(specs, net.n_agents, args))

@@ -17,12 +17,9 @@ from runtime import (
     adam,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
     make_env,
-    make_eval_env,
     setup,
     sub_state,
 )
@@ -34,7 +31,7 @@ CONTINUOUS = "mappo.py, ippo.py, maddpg.py, matd3.py or iddpg.py"  # the scripts
 @dataclass
 class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
     # --- VDAC (the learning groups form one team; its reward is the mean of its agents' rewards) ---
-    mixer: str = "mix"
+    mixer: Literal["sum", "mix"] = "mix"
     """'sum' (VDAC-sum: V_tot = sum of the local V_a) or 'mix' (VDAC-mix: a monotonic mix conditioned on the state)"""
     learning_rate: float = 7e-4
     """Adam learning rate of actors, local critics and mixer"""
@@ -189,7 +186,6 @@ def main(args):
     args.batch_size = args.num_envs * args.num_steps
     check_args(
         args,
-        (args.mixer in ("sum", "mix"), f"--mixer {args.mixer!r} must be 'sum' or 'mix'"),
         (
             args.num_minibatches <= args.batch_size,
             f"--num-minibatches {args.num_minibatches} exceeds the "
@@ -205,7 +201,7 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     specs = {g: env.groups[g] for g in learners}
     vdac = VDAC(specs, int(np.prod(env.state_shape)), args).to(device)
     optimizer = adam(vdac.parameters(), args.learning_rate, eps=1e-5)
@@ -213,12 +209,16 @@ def main(args):
     def make_greedy(num_envs, rng):  # evaluation: the most probable action of every agent
         return lambda obs, done: act(vdac, obs, device, greedy=True)[0]
 
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"vdac": vdac}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
     run = Run(
-        args, ALGO, env, {"vdac": vdac}, {"vdac": optimizer}, rng, make_greedy, NETWORK_FLAGS, ("num_steps",), eval_env
+        args,
+        ALGO,
+        env,
+        {"vdac": vdac},
+        {"vdac": optimizer},
+        rng,
+        make_greedy,
+        network_flags=NETWORK_FLAGS,
+        same_flags=("num_steps",),
     )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     rb = RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(specs, env.state_shape))

@@ -2,6 +2,7 @@
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -11,18 +12,18 @@ import torch.nn.functional as F
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
-    ArgumentError,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
-    check_groups,
     checkpoint_args,
     cli,
-    evaluate_checkpoint,
+    crossings,
+    episode_length,
+    linear_schedule,
     make_env,
-    make_eval_env,
     setup,
+    soft_update,
     sub_state,
 )
 
@@ -38,7 +39,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
 
     # --- WQMIX (the learning groups form one team; its reward is the mean of its agents' rewards) ---
-    weighting: str = "ow"
+    weighting: Literal["ow", "cw"] = "ow"
     """'ow': optimistic weighting (full weight where Q_tot underestimates the target); 'cw': centrally weighted (full
     weight on the greedy joint action and where the target beats Q*(s, greedy))"""
     weighting_alpha: float = 0.5
@@ -233,12 +234,11 @@ def main(args):
             f"--n-step {args.n_step} and --td-lambda "
             f"{args.td_lambda} are two kinds of target: give --td-lambda 0 with --n-step",
         ),
-        (args.weighting in ("ow", "cw"), f"--weighting {args.weighting!r} must be 'ow' or 'cw'"),
     )
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    learners = check_groups(args, env)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     specs = {g: env.groups[g] for g in learners}
     state_dim = int(np.prod(env.state_shape))
     wqmix = WQMIX(specs, state_dim, args).to(device)
@@ -246,15 +246,7 @@ def main(args):
     optimizer = torch.optim.Adam(wqmix.parameters(), lr=args.learning_rate)
 
     make_greedy = acting(wqmix.agents, specs, args, device, epsilon=0.0)  # evaluation: greedy
-    eval_env = lambda n, seed: make_eval_env(args, n, seed)  # noqa: E731
-    if args.eval_checkpoint:
-        evaluate_checkpoint(args, ALGO, env, {"wqmix": wqmix}, eval_env, make_greedy, NETWORK_FLAGS)
-        return
-    max_len = args.max_episode_len or env.max_steps
-    if not max_len:
-        raise ArgumentError(
-            f"{args.env_id} has no time limit: give the longest episode to store with --max-episode-len"
-        )
+    max_len = episode_length(args, env.max_steps)
     rb = EpisodeReplayBuffer(
         args.buffer_size,
         max_len,
@@ -263,7 +255,7 @@ def main(args):
         alpha=args.prioritized_replay_alpha if args.prioritized else None,
     )
     nets = {"wqmix": wqmix, "target": target}
-    run = Run(args, ALGO, env, nets, {"wqmix": optimizer}, rng, make_greedy, NETWORK_FLAGS, (), eval_env, rb)
+    run = Run(args, ALGO, env, nets, {"wqmix": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
     losses = {}
@@ -295,12 +287,12 @@ def main(args):
             # TARGETS and UPDATE: one gradient step per --train-frequency env steps
             if global_step > train_start and len(rb) >= args.batch_size:
                 for _ in range(crossings(global_step, args.num_envs, args.train_frequency)):
-                    frac = min(global_step / args.total_timesteps, 1.0)  # beta anneals to 1 (--prioritized)
-                    beta = args.prioritized_replay_beta + (1.0 - args.prioritized_replay_beta) * frac
+                    beta = linear_schedule(
+                        args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step
+                    )  # to 1 (--prioritized)
                     losses = update(wqmix, target, optimizer, rb, args, device, rng, beta)
                 if crossings(global_step, args.num_envs, args.target_network_frequency):
-                    for p, tp in zip(wqmix.parameters(), target.parameters(), strict=True):
-                        tp.data.copy_(args.tau * p.data + (1.0 - args.tau) * tp.data)
+                    soft_update(target, wqmix, args.tau)
 
             # LOG
             if crossings(global_step, args.num_envs, args.log_interval):
@@ -314,17 +306,7 @@ def main(args):
     env.close()
 
 
-# --- what the loop calls: epsilon's schedule, the step counter's crossings and the weighted QMIX update ---
-
-
-def linear_schedule(start_e, end_e, duration, t):
-    slope = (end_e - start_e) / max(duration, 1)
-    return max(slope * t + start_e, end_e)
-
-
-def crossings(step, advanced, every):
-    """How many multiples of `every` the step counter passed when it advanced by `advanced` to `step`."""
-    return step // every - (step - advanced) // every
+# --- what the loop calls: the weighted QMIX update ---
 
 
 def t(x, device):

@@ -309,4 +309,7 @@ def _make_numba(env_id: str, num_envs: int, seed: int, **env_kwargs) -> VecEnv:
         raise EnvNotAvailableError(
             "the Numba MPE backend is not available: envs.mpe has no make_vec(env_id, num_envs, seed, **kwargs)"
         )
-    return make_vec(env_id, num_envs, seed, **env_kwargs)
+    try:
+        return make_vec(env_id, num_envs, seed, **env_kwargs)
+    except (TypeError, NotImplementedError) as err:  # an argument mpe2 does not take, or the port does not
+        raise EnvArgumentError(str(err)) from None

@@ -2,32 +2,57 @@
 
     from runtime import MultiAgentArgs, Run, check_args, cli, make_env, setup
 
+    ALGO = "myalgo"                      # the script's name: checkpoints of another algorithm are refused
+    NETWORK_FLAGS = ("hidden_size",)     # flags that shape the networks: a checkpoint must match them
+
     @dataclass
     class Args(MultiAgentArgs):          # --env-id, --seed, --total-timesteps, ... come from here
-        learning_rate: float = 7e-4      # the algorithm's own flags
+        learning_rate: float = 7e-4
+        '''Adam learning rate'''         # a field's docstring is its --help line
 
     def main(args):
-        check_args(args)                             # every flag, before any work
-        device, rng = setup(args)                    # threads, seeds, device
+        check_args(args, (rule, "message"), ...)      # every flag, before any work
+        device, rng = setup(args)                      # threads, seeds, device
         env = make_env(args, args.num_envs, args.seed)
-        ...networks, optimizers...
-        run = Run(args, ALGO, env, nets, optimizers, rng, policy=greedy)   # run dir, lock, writer, resume
-        with run:                                    # Ctrl-C / SIGTERM / NaN: last.pt stays sound
+        ...networks, optimizers, buffers...
+        run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS)
+        with run:                                      # Ctrl-C / SIGTERM / NaN: last.pt stays sound
             while run.global_step < args.total_timesteps:
-                ...act, step, store, update...
-                run.step(global_step, iteration=it)  # progress, evaluation, periodic last.pt, stop requests
-        run.finish()                                 # last evaluation, last.pt, the final 1000 episodes, DONE
+                ...act, step, store, update, log...
+                run.step(global_step, iteration=it)    # progress, evaluation, periodic last.pt, stop requests
+        run.finish()                                   # last evaluation, last.pt, the final 1000 episodes, DONE
+
+    def actor(ckpt, group, spec, device, greedy=True):  # a checkpoint's group as an opponent (runtime/opponents.py)
+        ...
 
     if __name__ == "__main__":
         cli(Args, main)
 
+The contract a script keeps (tests/test_repo.py and the script tests hold most of it):
+* `Args` is a dataclass of `MultiAgentArgs` (or `RunArgs` for a Gymnasium script); a flag with a choice of values is
+  a `Literal`. `check_args` checks every flag it has against the rules of runtime/checks.py, chosen by the flag's
+  name (`POSITIVE_INT`, `UNIT`, ...: a new flag with a range joins a list there, or gets a script rule). A default
+  changed after checkpoints were written goes into `Args.BEFORE_FLAGS` (the value older checkpoints had).
+* `ALGO` and `NETWORK_FLAGS` as above; `Run(..., same_flags=(...))` names the other flags that a resumed run must
+  keep (`--num-envs` always).
+* `make_greedy(num_envs, rng) -> act(obs, done) -> {group: actions}` plays greedily for the evaluations, and the
+  script's module-level `actor(...)` builds the same from a checkpoint (runtime/opponents.py imports the script that
+  wrote a checkpoint by its path and calls it: --opponent, --self-play, results/tournament.py).
+* `Run` plays `--eval-checkpoint` instead of training (the script ends there, exit code 0), reloads `--resume`, and
+  with `replay=` saves and reloads an off-policy buffer. Its optional flags are read by name when a script has them:
+  `--save-buffer`, `--self-play`.
+* A non-finite loss raises `FloatingPointError` before the optimizer steps; losses are logged as `losses/<name>`
+  (results/compare_losses.py compares them between commits) and the speed as `charts/SPS`.
+* The learning groups are `env.groups`: `make_env` acts for the frozen ones (--random-groups, --opponent,
+  --self-play) and shows the script only the learners.
+
 Modules: `args` (the shared flags, env construction, and freed memory kept for reuse), `checks` (argument checks),
 `checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the guarded optimizer step with
-per-agent clipping, soft targets), `categorical` (the policy-gradient scripts' categorical distribution, at a fraction
-of torch's cost on a few actions), `gru` (a GRU over a whole sequence in one call), `mlp` (the acting pass of a
-feed-forward network in one call), `norm` (running mean/std of value targets and inputs, and the --feature-norm flag),
-`evaluation` (protocol v2), `run` (run dir, lock, writer, signals), `opponents` (groups frozen to random, to any
-script's checkpoint, or to self-play: every script's `actor(ckpt, group, ...)`).
+per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
+policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over
+a whole sequence in one call), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running
+mean/std of value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir,
+lock, writer, signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -54,13 +79,22 @@ from runtime.args import (
 )
 from runtime.categorical import Categorical
 from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint, sub_state
-from runtime.checks import ArgumentError, RunStopped, check_action_flags, check_args, check_discrete, check_groups
-from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, evaluate_checkpoint, periodic_seed
+from runtime.checks import (
+    ArgumentError,
+    CheckpointPlayed,
+    RunStopped,
+    check_action_flags,
+    check_args,
+    check_discrete,
+    episode_length,
+)
+from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, periodic_seed
 from runtime.gru import gru_sequence
 from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
 from runtime.optim import adam, clip_grad_norm, optimize, soft_update
 from runtime.run import Run
+from runtime.schedule import crossings, linear_schedule
 
 __all__ = [
     "adam",
@@ -81,13 +115,15 @@ __all__ = [
     "check_args",
     "checkpoint_args",
     "check_discrete",
-    "check_groups",
+    "CheckpointPlayed",
+    "crossings",
+    "episode_length",
+    "linear_schedule",
     "cli",
     "env_kwargs",
     "env_signature",
     "keep_freed_memory",
     "evaluate",
-    "evaluate_checkpoint",
     "fast_acting",
     "feature_norm",
     "gru_sequence",

@@ -11,7 +11,7 @@ import random
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import numba
@@ -21,7 +21,7 @@ import tyro
 
 import envs
 from runtime.checkpoint import CheckpointError, read_checkpoint
-from runtime.checks import RunStopped
+from runtime.checks import CheckpointPlayed, RunStopped
 
 
 @dataclass
@@ -74,10 +74,10 @@ class RunArgs:
 class MultiAgentArgs(RunArgs):
     """RunArgs plus the flags of our multi-agent envs (envs.make)."""
 
-    backend: str = "auto"
+    backend: Literal["auto", "numba", "native", "pettingzoo"] = "auto"
     """env backend: 'numba' (compiled MPE), 'native' (MAgent2's engine), 'pettingzoo', or 'auto' (numba for MPE ids,
     native for MAgent2 ids)"""
-    vector: str = "sync"
+    vector: Literal["sync", "subproc"] = "sync"
     """PettingZoo vectorization: 'sync' or 'subproc' (worker processes)"""
     continuous_actions: bool = False
     """continuous (Box) actions, for MPE envs"""
@@ -131,6 +131,10 @@ def checkpoint_defaults(args_class, argv):
     saved = read_checkpoint(path).get("args")
     if not isinstance(saved, dict):  # not one of ours, or damaged: the script's load names what is wrong
         return None
+    given = next((v for name in ("--env-id", "--env_id", "--env") if (v := flag_value(argv, name))), None)
+    if given is not None and saved.get("env_id") not in (None, given):  # its networks and env flags are another env's
+        raise CheckpointError(f"{path} was trained on {saved['env_id']}, not {given}: drop --env-id (it plays the env "
+                              f"it was trained on), or pick a checkpoint trained on {given}")  # fmt: skip
     how_run = ("capture_video", "track", "eval_episodes", "final_eval_episodes", "cuda", "torch_threads")
     return checkpoint_args(args_class, saved, () if run_dir else how_run)  # an evaluation: networks and env only
 
@@ -153,6 +157,8 @@ def cli(args_class, main):
         defaults = checkpoint_defaults(args_class, sys.argv[1:])
         args = tyro.cli(args_class, default=defaults) if defaults is not None else tyro.cli(args_class)
         main(args)
+    except CheckpointPlayed:  # --eval-checkpoint: Run printed the checkpoint's returns
+        return
     except RunStopped as e:
         print(e)
         sys.exit(130)
@@ -257,8 +263,12 @@ def make_env(args, num_envs, seed, backend=None, vector=None):
 
 def make_eval_env(args, num_envs, seed):
     """The standard env of evaluation protocol v2, in this process: PettingZoo's, stepped through its engine for
-    MAgent2 ids (backend 'native', equal to it bit for bit and ~2.6x faster; tests/test_magent_native.py)."""
+    MAgent2 ids (backend 'native', equal to it bit for bit and ~2.6x faster; tests/test_magent_native.py); a
+    single-agent script's (RunArgs without the multi-agent flags) Gymnasium env."""
     from envs.registry import REGISTRY
+
+    if not isinstance(args, MultiAgentArgs):
+        return make_gym_env(args, num_envs, seed)
 
     magent = args.env_id in REGISTRY and REGISTRY[args.env_id].family == "magent"
     return make_env(args, num_envs, seed, "native" if magent else "pettingzoo", "sync")

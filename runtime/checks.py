@@ -17,7 +17,8 @@ POSITIVE_INT = ("total_timesteps", "num_envs", "num_steps", "update_epochs", "nu
                 "batch_size", "buffer_size", "train_frequency", "gradient_steps", "hidden_size", "rnn_chunk",
                 "log_interval", "target_network_frequency", "policy_frequency", "n_step", "mixing_embed_dim",
                 "hypernet_embed", "critic_updates", "critic_hidden_size", "self_play_interval",
-                "self_play_pool")  # fmt: skip
+                "self_play_pool", "central_mixing_embed_dim", "max_cycles", "max_episode_len",
+                "map_size")  # fmt: skip
 NON_NEGATIVE_INT = (
     "seed",
     "eval_interval",
@@ -28,7 +29,7 @@ NON_NEGATIVE_INT = (
     "seq_len",
 )
 POSITIVE = ("learning_rate", "actor_lr", "critic_lr", "q_lr", "alpha_lr", "alpha", "max_grad_norm",
-            "checkpoint_minutes", "clip_coef")  # fmt: skip
+            "checkpoint_minutes", "clip_coef", "tau", "gumbel_temperature")  # fmt: skip
 NON_NEGATIVE = ("ent_coef", "vf_coef", "huber_delta", "exploration_noise", "policy_noise", "noise_clip",
                 "actor_reg", "target_policy_noise", "target_noise_clip")  # fmt: skip
 UNIT = ("gamma", "gae_lambda", "tau", "prioritized_replay_alpha", "prioritized_replay_beta", "start_e", "end_e",
@@ -41,6 +42,10 @@ class ArgumentError(ValueError):
 
 class RunStopped(Exception):
     """A stop request (Ctrl-C, SIGTERM) was honoured after last.pt was written; the message says how to go on."""
+
+
+class CheckpointPlayed(Exception):
+    """--eval-checkpoint: `Run` played the checkpoint instead of training, and the script ends (exit code 0)."""
 
 
 def check_args(args, *rules) -> None:
@@ -95,10 +100,20 @@ def check_args(args, *rules) -> None:
             raise ArgumentError(message)
 
 
-def check_groups(args, env) -> list[str]:
-    """The learning groups: every group `env` shows (make_env has checked --random-groups, --opponent and
-    --self-play, and acts for those groups)."""
-    return list(env.groups)
+def episode_length(args, limit: int | None) -> int:
+    """The longest episode an episode replay stores: --max-episode-len, else the env's time limit `limit`. A
+    --seq-len window must fit in it."""
+    max_len = args.max_episode_len or limit
+    if not max_len:
+        raise ArgumentError(f"{args.env_id} has no time limit: give the longest episode to store with "
+                            f"--max-episode-len")  # fmt: skip
+    seq_len = getattr(args, "seq_len", 0)
+    if seq_len > max_len:
+        raise ArgumentError(
+            f"--seq-len {seq_len} is longer than {args.env_id}'s episodes (at most {max_len} steps): its windows "
+            f"would be padding; give at most {max_len}, or 0 for whole episodes"
+        )
+    return max_len
 
 
 def check_action_flags(args, env, continuous_only=(), discrete_only=()) -> None:

@@ -30,8 +30,8 @@ from tqdm import tqdm
 from runtime.args import env_signature
 from runtime.args import make_eval_env as standard_eval_env
 from runtime.checkpoint import flag, load_checkpoint, restore, rng_state, save_checkpoint
-from runtime.checks import RunStopped
-from runtime.evaluation import FINAL_SEED, add_video, evaluate, periodic_seed, record
+from runtime.checks import CheckpointPlayed, RunStopped
+from runtime.evaluation import FINAL_SEED, add_video, evaluate, evaluate_checkpoint, periodic_seed, record
 from runtime.opponents import load_actor, self_play_source
 
 REPLAY_NAME = "replay.npz"
@@ -69,24 +69,42 @@ class Run:
             (`run.replay_restored`), and a stop request writes it there with --save-buffer.
     """
 
-    def __init__(self, args, algo, env, nets, optimizers, rng, make_greedy, network_flags=(), same_flags=(),
-                 make_eval_env=None, replay=None):  # fmt: skip
+    def __init__(self, args, algo, env, nets, optimizers, rng, make_greedy, *, network_flags=(), same_flags=(),
+                 replay=None, make_eval_env=None):  # fmt: skip
         self.args, self.algo, self.nets, self.optimizers, self.rng = args, algo, nets, optimizers, rng
         self.make_greedy, self.replay, self.replay_restored, self.env = make_greedy, replay, False, env
         self.make_eval_env = make_eval_env or (lambda n, seed: standard_eval_env(args, n, seed))
+        if args.eval_checkpoint:  # play that checkpoint instead of training: nothing is written
+            evaluate_checkpoint(args, algo, env, nets, self.make_eval_env, make_greedy, network_flags)
+            raise CheckpointPlayed(args.eval_checkpoint)
         self.signature = env_signature(env)
         self.global_step, self.evals, self.best_eval, self.counters = 0, 0, -np.inf, {}
         self.last_eval, self.last_eval_step, self.stop_signal = float("nan"), -1, None
+        self.lock = self.bar = self.writer = None
+
+        def request_stop(signum, frame):  # honoured at the next run.step(), where the script's state is consistent
+            self.stop_signal = signum
+
+        # from here on Ctrl-C and SIGTERM set a flag: no run directory is left half made
+        self.previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.open_dir(env, network_flags, same_flags)
+        except BaseException:
+            self.close()  # the signals back, the directory free (a refused resume, a used --run-dir, ...)
+            raise
+
+    def open_dir(self, env, network_flags, same_flags) -> None:
+        """The run directory, new or resumed (--resume: the networks, optimizers, RNG and replay of its last.pt),
+        then its writer, the progress bar and the self-play pool."""
+        args, algo = self.args, self.algo
         if args.resume:
             self.dir = args.resume
             self.lock = lock(self.dir)
             path = os.path.join(self.dir, "last.pt")
-            try:
-                ckpt = load_checkpoint(path, algo, args, self.signature, network_flags, ("num_envs", *same_flags))
-                restore(ckpt, path, nets, optimizers, rng)
-            except ValueError:
-                os.close(self.lock)  # a refused resume leaves the directory free
-                raise
+            ckpt = load_checkpoint(path, algo, args, self.signature, network_flags, ("num_envs", *same_flags))
+            restore(ckpt, path, self.nets, self.optimizers, self.rng)
+            if not os.path.exists(os.path.join(self.dir, "config.json")):  # stopped between last.pt and it
+                self.write_config(env)
             if os.path.exists(os.path.join(self.dir, "DONE")):
                 os.remove(os.path.join(self.dir, "DONE"))  # it trains again, e.g. to a larger --total-timesteps
             self.global_step, self.evals, self.best_eval = ckpt["global_step"], ckpt["evals"], ckpt["best_eval"]
@@ -103,11 +121,11 @@ class Run:
             os.makedirs(self.dir, exist_ok=True)
             self.lock = lock(self.dir)
             if taken := [n for n in ("last.pt", "best.pt", "config.json") if os.path.exists(os.path.join(self.dir, n))]:
-                os.close(self.lock)
                 raise ValueError(f"{self.dir} already holds a run ({', '.join(taken)}): continue it with --resume "
                                  f"{self.dir}, or pick another --run-dir")  # fmt: skip
-            with open(os.path.join(self.dir, "config.json"), "w") as f:
-                json.dump(self.config() | {"env_class": type(env).__name__}, f, indent=2)
+            # last.pt first: a directory that holds anything holds what --resume needs, even after a kill -9 here
+            self.save("last.pt")
+            self.write_config(env)
         if args.track:
             import wandb
 
@@ -120,18 +138,15 @@ class Run:
         self.bar = tqdm(total=args.total_timesteps, initial=self.global_step, unit="step", dynamic_ncols=True)
         self.start_time, self.start_step = time.time(), self.global_step
         self.saved_at = time.time()
-
-        def request_stop(signum, frame):  # honoured at the next run.step(), where the script's state is consistent
-            self.stop_signal = signum
-
-        self.previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        if not args.resume:
-            self.save("last.pt")  # a run is never without a checkpoint, and a NaN stop can go back to this one
         if getattr(args, "self_play", None):
             self.start_self_play()
 
     def config(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self.args)))
+
+    def write_config(self, env) -> None:
+        with open(os.path.join(self.dir, "config.json"), "w") as f:
+            json.dump(self.config() | {"env_class": type(env).__name__}, f, indent=2)
 
     # --- the loop's side ---
     def __enter__(self):
@@ -264,7 +279,7 @@ class Run:
             self.save("last.pt", replay_step=self.global_step)
         else:
             self.save("last.pt")
-        self.close()
+        self.close(keep_signals_ignored=True)  # the process is ending: a second Ctrl-C must not cut its exit short
         raise RunStopped(f"stopped at step {self.global_step} ({signal.Signals(self.stop_signal).name}): saved "
                          f"{self.dir}/last.pt; continue with --resume {self.dir}")  # fmt: skip
 
@@ -321,15 +336,17 @@ class Run:
         print(f"done: {self.global_step} steps, final greedy return {self.last_eval:.2f} (best {self.best_eval:.2f})"
               f"{final}; run dir {self.dir}")  # fmt: skip
 
-    def close(self) -> None:
+    def close(self, keep_signals_ignored=False) -> None:
         for s, handler in self.previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if keep_signals_ignored else handler)
         if self.lock is not None:  # another run may now take the directory (also one in this process)
             os.close(self.lock)
             self.lock = None
-        self.bar.close()
-        self.writer.close()
-        if self.args.track:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.args.track and self.writer is not None:
             import wandb
 
             wandb.finish()

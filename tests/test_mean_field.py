@@ -126,7 +126,6 @@ def test_battle_with_self_play_runs(algo, tmp_path, capsys):
 
 BAD = [
     (["--mean-over", "view"], "--mean-over view needs agent positions, and simple_spread_v3 has none"),
-    (["--mean-over", "nearest"], "--mean-over 'nearest' is not 'auto', 'view' or 'group'"),
     (["--view-radius", -1], "--view-radius -1.0 must be >= 0"),
     (["--continuous-actions"], "{algo} needs discrete actions"),
 ]

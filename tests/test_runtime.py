@@ -550,3 +550,37 @@ def test_a_fresh_install_is_told_that_the_kernels_compile_once_and_a_warm_one_is
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # a cache elsewhere: it cannot tell, so it says nothing
     (tmp_path / "buffers" / "__pycache__" / "kernels._gae-18.py311.nbi").unlink()
     assert uncompiled_kernels("simple_spread_v3", str(tmp_path)) == []
+
+
+def test_a_stop_while_the_run_directory_is_made_leaves_one_to_resume_or_none(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C a few milliseconds after config.json appeared once left a directory that could be neither rerun
+    ("already holds a run") nor resumed ("holds no last.pt"). From the moment Run takes the signals, a stop waits for
+    the first run.step(); and last.pt is written before config.json, so a kill -9 between them leaves a run to
+    resume, and one before them a directory that a rerun may take."""
+    from script_runs import run_inline
+
+    import runtime.run
+
+    flags = ["--total-timesteps", 100, "--num-envs", 2, "--eval-interval", 0, "--final-eval-episodes", 0]
+    real = runtime.run.Run.write_config
+
+    def ctrl_c_then_write(self, env):  # Ctrl-C as config.json is written
+        os.kill(os.getpid(), signal.SIGINT)
+        real(self, env)
+
+    monkeypatch.setattr(runtime.run.Run, "write_config", ctrl_c_then_write)
+    code, stdout, _ = run_inline(capsys, "mappo", *flags, "--run-dir", tmp_path / "a", check=False)
+    assert code == 130 and f"continue with --resume {tmp_path / 'a'}" in stdout
+    monkeypatch.setattr(runtime.run.Run, "write_config", real)
+    run_inline(capsys, "mappo", "--resume", tmp_path / "a")
+    assert (tmp_path / "a" / "DONE").exists() and weights(tmp_path / "a" / "last.pt")["global_step"] == 100
+
+    def killed(self, env):  # kill -9 after last.pt, before config.json: nothing else runs
+        raise SystemExit(-9)
+
+    monkeypatch.setattr(runtime.run.Run, "write_config", killed)
+    run_inline(capsys, "mappo", *flags, "--run-dir", tmp_path / "b", check=False)
+    monkeypatch.setattr(runtime.run.Run, "write_config", real)
+    assert not (tmp_path / "b" / "config.json").exists()
+    run_inline(capsys, "mappo", "--resume", tmp_path / "b")
+    assert (tmp_path / "b" / "config.json").exists() and (tmp_path / "b" / "DONE").exists()

@@ -86,7 +86,6 @@ def test_masks_a_dying_unit_and_two_groups_in_one_team(flags, tmp_path, capsys):
     "flags, message",
     [
         (["--continuous-actions"], "vdac needs discrete actions"),
-        (["--mixer", "qmix"], "--mixer 'qmix' must be 'sum' or 'mix'"),
         (["--env", "simple_adversary_v3"], "are rewarded differently, so they compete"),
         (["--num-minibatches", 100], "--num-minibatches 100 exceeds the rollout's 20 env steps"),
     ],

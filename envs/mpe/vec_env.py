@@ -35,11 +35,12 @@ def resolve_kwargs(scenario: Scenario, kwargs: dict) -> dict:
     unknown = set(kwargs) - set(allowed)
     if unknown:
         raise TypeError(
-            f"{scenario.name} got unexpected keyword arguments {sorted(unknown)}; it accepts {sorted(allowed)}"
+            f"{scenario.name} got unexpected argument(s) {', '.join(sorted(unknown))}; "
+            f"it accepts: {', '.join(sorted(allowed))}"
         )
     resolved = {**allowed, **kwargs}
     if resolved["benchmark_data"]:
-        raise NotImplementedError("benchmark_data=True is not supported by the numba MPE backend")
+        raise NotImplementedError("the numba MPE backend has no benchmark_data=True: use --backend pettingzoo")
     return resolved
 
 
