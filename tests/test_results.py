@@ -966,3 +966,33 @@ def test_crossplay_pages_are_nested_in_the_readme_and_their_json_is_not_read_as_
     assert "## Cross-play\n\nFrom [env_x/crossplay.md](env_x/crossplay.md):\n\n### Cross-play on env_x" in text
     assert "Notes on env_x" not in text  # not linked as a screen
     assert [p.name for p in collect.result_paths(out)] == ["fake_a.json", "fake_b.json"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad inputs to the results tools: one line that names the flag, file or field, and nothing counted twice or lost
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--extra", "--seed 7"], "--extra sets --seed, which run.py gives every run itself: use run.py's --seeds"),
+        (["--extra=--total_timesteps=5"], "--extra sets --total-timesteps, which run.py gives every run itself"),
+        (["--extra", "--run-dir x"], "--extra sets --run-dir, which run.py gives every run itself: use run.py's --out"),
+        (["--extra", "--env simple_tag_v3"], "--extra sets --env, which run.py gives every run itself: use run.py's"),
+        (["--extra", "--resume x"], "--extra sets --resume, which run.py gives every run itself: launch the same"),
+        (["--extra", '--env-kwargs \'{"N": "a'], "--extra '--env-kwargs \\'{\"N\": \"a': No closing quotation"),
+        (["--workers", "-1"], "--workers -1: must be >= 1 (without it: one run per CPU)"),
+        (["--workers", "0"], "--workers 0: must be >= 1 (without it: one run per CPU)"),
+    ],
+)
+def test_run_refuses_flags_it_sets_itself_in_extra_and_workers_below_one(flags, message, capsys):
+    """A --seed in --extra trained seed 7 and recorded seed 0; --workers -1 was a ValueError traceback and 0 silently
+    the CPU count; an unbalanced quote in --extra a shlex traceback."""
+    argv = ["--algos", "fake_a", "--envs", "env_x", "--total-timesteps", "7", "--algos-dir", str(FAKES), *flags]
+    with pytest.raises(SystemExit) as e:
+        sweep_runner.parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {message}" in err and "Traceback" not in err, err
+    (run,) = sweep_runner.plan(sweep_runner.parse_args([*argv[:8], "--seeds", "0,", "--extra", "--env-kwargs {}"]))
+    assert run.argv[-2:] == ["--env-kwargs", "{}"]  # a flag that merely starts like --env is the script's
