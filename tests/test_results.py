@@ -996,3 +996,38 @@ def test_run_refuses_flags_it_sets_itself_in_extra_and_workers_below_one(flags, 
     assert e.value.code == 2 and f"error: {message}" in err and "Traceback" not in err, err
     (run,) = sweep_runner.plan(sweep_runner.parse_args([*argv[:8], "--seeds", "0,", "--extra", "--env-kwargs {}"]))
     assert run.argv[-2:] == ["--env-kwargs", "{}"]  # a flag that merely starts like --env is the script's
+
+
+def test_collect_refuses_a_copied_run_directory_naming_both(local_sweep, tmp_path, capsys):
+    """A copy of seed1's directory as seed2 counted as a third seed of the same run; a directory whose name is not
+    the seed it trained would record a seed that never ran. Both are refused, and the result file stays as it was."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    runs, before = out / "runs" / "env_x" / "fake_a", (out / "env_x" / "fake_a.json").read_text()
+    shutil.copytree(runs / "seed1", runs / "seed2")
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    err = capsys.readouterr().err
+    both = f"{runs / 'seed1'} and {runs / 'seed2'} both trained with --seed 1 (config.json): one run twice"
+    assert f"error: env_x/fake_a: {both}" in err and (out / "env_x" / "fake_a.json").read_text() == before
+    (runs / "seed1").rename(runs / "seed3")  # only the copy is left, under another seed's name
+    shutil.rmtree(runs / "seed2")
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    assert f"{runs / 'seed3'} trained with --seed 1 (config.json), not the seed 3 it names" in capsys.readouterr().err
+
+
+def test_collect_names_a_garbled_or_missing_config_instead_of_taking_the_other_seeds(local_sweep, tmp_path, capsys):
+    """A config.json that does not parse was dropped without a word, and the other seed's config stood for both."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    config = out / "runs" / "env_x" / "fake_a" / "seed0" / "config.json"
+    config.write_text('{"seed": 0, "num_envs": 4')
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: env_x/fake_a: {config}: unreadable (Expecting ',' delimiter" in err
+    assert "so the run's flags are unknown" in err
+    config.write_text("[0]")
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    assert f"{config}: a JSON list, not an object of flags" in capsys.readouterr().err
+    config.unlink()
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    assert f"{config}: missing, so the run's flags are unknown" in capsys.readouterr().err
