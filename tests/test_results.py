@@ -1031,3 +1031,28 @@ def test_collect_names_a_garbled_or_missing_config_instead_of_taking_the_other_s
     config.unlink()
     assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
     assert f"{config}: missing, so the run's flags are unknown" in capsys.readouterr().err
+
+
+def test_a_result_of_runs_started_by_hand_says_it_has_no_command_and_is_not_stale(local_sweep, tmp_path, monkeypatch):
+    """Without a recorded command the drift check read stdin (shlex.split(None)) and, given none, called the row
+    stale: "script `[]` no longer exists"."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    for record in (out / "runs" / "env_x" / "fake_a").glob("seed*/run.json"):
+        record.unlink()  # as the script leaves its directory when started by hand
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 0
+    result = load(out, "fake_a")
+    assert [p["command"] for p in result["per_seed"]] == [None, None] and not result["commands"]
+
+    class NoStdin:
+        def read(self, *args):
+            raise AssertionError("make_readme read stdin")
+
+        readline = read
+
+    monkeypatch.setattr(sys, "stdin", NoStdin())
+    assert make_readme.config_drift(result) is None
+    text = make_readme.generate(out).read_text()
+    assert "Stale: `fake_a`" not in text and "no longer exists" not in text
+    assert "`fake_a`: its runs recorded no command (started by hand, not by results/run.py)" in text
+    assert "python results/run.py" in text  # fake_b's command is still shown
