@@ -1056,3 +1056,42 @@ def test_a_result_of_runs_started_by_hand_says_it_has_no_command_and_is_not_stal
     assert "Stale: `fake_a`" not in text and "no longer exists" not in text
     assert "`fake_a`: its runs recorded no command (started by hand, not by results/run.py)" in text
     assert "python results/run.py" in text  # fake_b's command is still shown
+
+
+def test_crossplay_names_a_cached_record_it_cannot_use_and_plays_every_pair_again(tmp_path, capsys):
+    """A crossplay.json of the same settings without `per_seed` was a KeyError."""
+    import crossplay
+
+    settings = dict(env_id="simple_tag_v3", seeds=[0], teams=[["adversary"], ["agent"]], episodes=4, backend="numba")
+    digests = {"mappo-3m/seed0": "d0", "ippo-3m/seed0": "d1"}
+    cached = tmp_path / "crossplay.json"
+    cached.write_text(json.dumps(dict(settings, commit="c" * 40, digests=digests)))
+    assert crossplay.earlier_pairs(cached, settings, digests) == {}
+    assert f"note: {cached}: no 'per_seed' (each pair's list of per-seed returns); every pair is played again" in (
+        capsys.readouterr().err
+    )
+    cached.write_text("{")
+    assert crossplay.earlier_pairs(cached, settings, digests) == {}
+    assert f"note: {cached}: unreadable (" in capsys.readouterr().err
+    runs = [{"adversary": 1.0, "agent": -1.0}]
+    cached.write_text(json.dumps(dict(settings, digests=digests, per_seed={"mappo-3m vs ippo-3m": runs})))
+    assert crossplay.earlier_pairs(cached, settings, digests) == {"mappo-3m vs ippo-3m": (runs, "unknown")}
+    assert crossplay.earlier_pairs(tmp_path / "none.json", settings, digests) == {}
+    assert capsys.readouterr().err == ""  # a first cross-play, or one that is usable: no line
+
+
+@pytest.mark.parametrize(
+    "seeds, message",
+    [
+        ("0,0", "--seeds '0,0': seed 0 given twice; each seed pairs once"),
+        ("0,x", "--seeds '0,x': expected comma-separated integers"),
+    ],
+)
+def test_crossplay_refuses_a_seed_given_twice(seeds, message, tmp_path, capsys):
+    """--seeds 0,0 played every pair twice and reported two seeds."""
+    import crossplay
+
+    argv = ["--env-id", "simple_tag_v3", "--algos", "mappo,ippo", "--seeds", seeds, "--runs", str(tmp_path)]
+    assert crossplay.main(argv) == 2
+    assert f"error: {message}" in capsys.readouterr().err
+    assert crossplay.parse_seeds("2, 0,1") == [2, 0, 1]
