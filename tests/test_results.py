@@ -1095,3 +1095,18 @@ def test_crossplay_refuses_a_seed_given_twice(seeds, message, tmp_path, capsys):
     assert crossplay.main(argv) == 2
     assert f"error: {message}" in capsys.readouterr().err
     assert crossplay.parse_seeds("2, 0,1") == [2, 0, 1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ("[12]", "--env-kwargs must be a JSON object such as '{\"map_size\": 45}', not '[12]'"),
+        ("{map_size: 12}", "--env-kwargs is not valid JSON (Expecting property name"),
+    ],
+)
+def test_tournament_says_env_kwargs_must_be_a_json_object(kwargs, message, capsys):
+    """--env-kwargs '[12]' was a TypeError traceback from the env's constructor."""
+    import tournament
+
+    assert tournament.main(["--env", "battle_v4", "--random", "--env-kwargs", kwargs]) == 2
+    assert f"error: {message}" in capsys.readouterr().err
