@@ -157,18 +157,15 @@ def markdown(report):
         if r.get("device", "cpu") != "cpu":
             lines += ["", f"{r['algo']} with `--cuda`: **{r['sps'] / cpu[r['algo'], r.get('malloc')]['sps']:.1f}x** "
                       "the env-steps/s of the same script on one CPU core of the same machine."]  # fmt: skip
-    lines += (
-        []
-        if size != 45
-        else [
+    if size == 45:
+        lines += [
             "",
             "The learner is the cost: 81 agents' 13 x 13 x 5 views (845 floats) through 10 epochs per rollout. Before "
             "mappo's critic took the state through its first layer once (not once per agent with its id), one update "
-            "built a (3,200 x 81 x 10,206) float input, 10.6 GB a group, and a default run was killed for memory on this "
-            "24 GB machine.",
+            "built a (3,200 x 81 x 10,206) float input, 10.6 GB a group, and a default run was killed for memory on "
+            "this 24 GB machine.",
             "",
         ]
-    )
     by = {(r["algo"], r.get("malloc", "glibc default")): r for r in report["runs"]}
     for algo in dict.fromkeys(r["algo"] for r in report["runs"]):
         if (algo, "glibc default") in by:
