@@ -11,7 +11,7 @@ whatever the caller flattened (envs x agents). Two flags describe how a step end
 value of the episode's *final* observation (not the first observation of the next episode); for the
 last step of a rollout it is the value of the state the rollout stopped in.
 
-The tests compare `buffers.kernels` against these loops; `results/bench_kernels.py` times both.
+The tests compare `buffers.kernels` against these loops; `bench/bench_kernels.py` times both.
 """
 
 import numpy as np

@@ -148,6 +148,39 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def read_config(run_dir: Path) -> dict:
+    """A run's config.json (the resolved flags its script wrote); a CollectError naming the file and its problem when
+    it is missing or unreadable: no other seed's config may stand in for it."""
+    path = Path(run_dir) / CONFIG_NAME
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CollectError(f"{path}: missing, so the run's flags are unknown") from None
+    except (OSError, ValueError) as exc:
+        raise CollectError(f"{path}: unreadable ({exc}), so the run's flags are unknown") from None
+    if not isinstance(config, dict):
+        raise CollectError(f"{path}: a JSON {type(config).__name__}, not an object of flags")
+    return config
+
+
+def check_seeds(run_dirs: dict[int, Path], configs: dict[int, dict]) -> None:
+    """Each run directory trained the seed its name says, and no two the same one (a copied directory would count one
+    run twice); a CollectError naming the directories otherwise."""
+    trained_by: dict[int, Path] = {}
+    for seed, run_dir in sorted(run_dirs.items()):
+        trained = configs[seed].get("seed")
+        if trained is None:
+            continue
+        if trained in trained_by:
+            raise CollectError(
+                f"{trained_by[trained]} and {run_dir} both trained with --seed {trained} ({CONFIG_NAME}): one run "
+                "twice (a copied directory?), not two seeds; remove one"
+            )
+        trained_by[trained] = run_dir
+        if trained != seed:
+            raise CollectError(f"{run_dir} trained with --seed {trained} ({CONFIG_NAME}), not the seed {seed} it names")
+
+
 def is_finished(run_dir: Path) -> bool:
     """True when the run succeeded: the runner recorded status "ok", or, without a record, a DONE file."""
     record = read_json(Path(run_dir) / RECORD_NAME)
@@ -405,7 +438,8 @@ def build_result(
         raise CollectError(f"{env_id}/{algo}: no finished runs to collect")
     seeds = sorted(run_dirs)
     records = {s: read_json(run_dirs[s] / RECORD_NAME) or {} for s in seeds}
-    configs = {s: read_json(run_dirs[s] / CONFIG_NAME) for s in seeds}
+    configs = {s: read_config(run_dirs[s]) for s in seeds}
+    check_seeds(run_dirs, configs)
     metrics, curves = {}, {}
     for s in seeds:
         metrics[s], curves[s] = seed_metrics(run_dirs[s])

@@ -150,17 +150,44 @@ def digest(path: Path) -> str:
 
 def earlier_pairs(path: Path, settings: dict, digests: dict[str, str]) -> dict[str, tuple[list, str]]:
     """The pairs of an earlier crossplay.json made with the same settings whose checkpoints are all unchanged:
-    pair -> (its per-seed returns, the commit that played it). Nothing from a record without digests."""
+    pair -> (its per-seed returns, the commit that played it). Nothing from a record without digests; a record that
+    cannot be read, or lacks a field it needs, is named in a line and every pair is played again."""
+    if not path.is_file():
+        return {}
     try:
         old = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError) as e:
+        return unusable(path, f"unreadable ({e})")
+    if not isinstance(old, dict):
+        return unusable(path, "not a JSON object")
+    if any(old.get(k) != v for k, v in settings.items()) or not isinstance(old.get("digests"), dict):
         return {}
-    if any(old.get(k) != v for k, v in settings.items()) or "digests" not in old:
-        return {}
+    per_seed, commits = old.get("per_seed"), old.get("pair_commits", {})
+    if not isinstance(per_seed, dict) or not all(isinstance(runs, list) for runs in per_seed.values()):
+        return unusable(path, "no 'per_seed' (each pair's list of per-seed returns)")
+    if not isinstance(commits, dict) or not isinstance(old.get("commit", ""), str):
+        return unusable(path, "'pair_commits' or 'commit' is not what crossplay.py writes")
     same = lambda a: all(old["digests"].get(k) == v for k, v in digests.items() if k.startswith(f"{a}/"))  # noqa: E731
-    commits = old.get("pair_commits", {})
-    return {pair: (runs, commits.get(pair, old["commit"])) for pair, runs in old["per_seed"].items()
+    return {pair: (runs, commits.get(pair, old.get("commit", "unknown"))) for pair, runs in per_seed.items()
             if runs and all(same(a) for a in pair.split(" vs "))}  # fmt: skip
+
+
+def unusable(path: Path, problem: str) -> dict:
+    """No earlier pairs, and a line saying why (the earlier record is overwritten by this run's)."""
+    print(f"note: {path}: {problem}; every pair is played again", file=sys.stderr)
+    return {}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]; a ValueError for a word that is not an integer or a seed given twice (its pairs would
+    be played twice and counted as two seeds)."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not all(w.lstrip("-").isdigit() for w in words):
+        raise ValueError(f"--seeds {text!r}: expected comma-separated integers, e.g. --seeds 0,1,2")
+    seeds = [int(w) for w in words]
+    if twice := sorted({s for s in seeds if seeds.count(s) > 1}):
+        raise ValueError(f"--seeds {text!r}: seed {twice[0]} given twice; each seed pairs once, e.g. --seeds 0,1,2")
+    return seeds
 
 
 def number(v: float) -> str:
@@ -249,7 +276,7 @@ def main(argv=None) -> int:
     algos = [a for a in args.algos.split(",") if a]
     label = (lambda a: f"{a}-{args.variant}") if args.variant else (lambda a: a)
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        seeds = parse_seeds(args.seeds)
         if len(algos) < 2 or not seeds or args.episodes < 1:
             raise ValueError("cross-play needs two scripts or more (--algos), a seed (--seeds) and --episodes >= 1")
         probe = {c: make(args.env_id, 1, 0, c, args.backend) for c in (False, True)}

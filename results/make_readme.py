@@ -79,9 +79,13 @@ def config_drift(result: dict) -> str | None:
     The first seed's command is parsed with the script's current ``Args`` and compared with the config the runs
     recorded: an option whose default changed since makes the row stale (its README command no longer reproduces
     it). Options added since are named too, since the recorded runs ran without them; where the script says what
-    runs from before an option did (its Args.BEFORE_FLAGS), that is compared like a recorded value.
+    runs from before an option did (its Args.BEFORE_FLAGS), that is compared like a recorded value. Runs started by
+    hand recorded no command: there is nothing to compare, and the env's section says so.
     """
-    argv = shlex.split(result["per_seed"][0]["command"])
+    command = next((seed["command"] for seed in result["per_seed"] if seed["command"]), None)
+    if command is None:
+        return None
+    argv = shlex.split(command)
     if len(argv) < 2 or not (ROOT / argv[1]).is_file():
         return f"its script `{argv[1] if len(argv) > 1 else argv}` no longer exists"
     if (ROOT / argv[1]).resolve().parent != ROOT / "algos":
@@ -571,7 +575,14 @@ def env_section(
     commands: list[str] = []
     for result in results:
         commands += [c for c in result["sweep_commands"] or result["commands"][:1] if c not in commands]
-    lines += ["", "Commands:", "", "```bash", *commands, "```", ""]
+    lines += ["", "Commands:", "", "```bash", *commands, "```", ""] if commands else [""]
+    for result in results:
+        if not result["sweep_commands"] and not result["commands"]:
+            lines += [
+                f"`{result['algo']}`: its runs recorded no command (started by hand, not by results/run.py), so "
+                "neither how to rerun them nor whether their script's defaults changed since can be told here.",
+                "",
+            ]
     for algo, changes in drift.items():
         if changes:
             lines += [

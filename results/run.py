@@ -249,6 +249,31 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+# The flags run.py gives every run itself, and what to do instead of passing them in --extra.
+OWN_FLAGS = {
+    "--env-id": "use run.py's --envs",
+    "--env": "use run.py's --envs",
+    "--seed": "use run.py's --seeds",
+    "--total-timesteps": "use run.py's --total-timesteps",
+    "--run-dir": "use run.py's --out (a run goes to <out>/runs/<env>/<algo>/seed<S>)",
+    "--resume": "launch the same sweep again, and it resumes its unfinished runs",
+}
+
+
+def extra_flags(text: str) -> list[str]:
+    """--extra as the scripts' argv; a ValueError naming the problem when it does not parse as shell words or sets a
+    flag that run.py sets itself (a --seed there would train one seed and record another)."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"--extra {text!r}: {exc}") from None
+    for word in argv:
+        flag = word.split("=", 1)[0].replace("_", "-")
+        if flag in OWN_FLAGS:
+            raise ValueError(f"--extra sets {flag}, which run.py gives every run itself: {OWN_FLAGS[flag]}")
+    return argv
+
+
 def _csv(text: str) -> list[str]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
@@ -280,7 +305,7 @@ def plan(args: argparse.Namespace) -> list[Run]:
                 run_dir = run_dir_for(args.out, env_id, label, seed)
                 argv = ["python", _display_path(args.algos_dir / f"{algo}.py"), "--env-id", env_id]
                 argv += ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps)]
-                argv += ["--run-dir", _display_path(run_dir), *shlex.split(args.extra)]
+                argv += ["--run-dir", _display_path(run_dir), *args.extra_argv]
                 runs.append(Run(env_id, label, seed, run_dir, argv))
     return runs
 
@@ -540,7 +565,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=parse_seeds, default="5", help="N (seeds 0..N-1) or a list '1,3' (default 5)")
     parser.add_argument("--total-timesteps", type=int, required=True, help="budget of every run in env steps")
     parser.add_argument(
-        "--extra", default="", help="flags for every script: '--num-envs 32' (one flag alone: --extra=--cuda)"
+        "--extra",
+        default="",
+        help="flags for every script: '--num-envs 32' (one flag alone: --extra=--cuda); not those run.py sets itself",
     )
     parser.add_argument(
         "--variant",
@@ -565,6 +592,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--total-timesteps must be >= 1")
     if args.variant and not args.variant.replace("_", "").replace("-", "").isalnum():
         parser.error(f"--variant {args.variant!r}: use letters, digits, '-' and '_' only (it names files)")
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers {args.workers}: must be >= 1 (without it: one run per CPU)")
+    try:
+        args.extra_argv = extra_flags(args.extra)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.out = args.out.resolve()
     args.algos_dir = args.algos_dir.resolve()
     args.use_ray = args.ray or args.ray_address is not None

@@ -160,6 +160,17 @@ def bradley_terry(wins: np.ndarray, iterations: int = 1000) -> np.ndarray:
     return p
 
 
+def env_kwargs(text: str) -> dict:
+    """--env-kwargs as keyword arguments of the env; a ValueError in the words of the scripts' own check otherwise."""
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--env-kwargs is not valid JSON ({e}); use e.g. '{{\"map_size\": 45}}'") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--env-kwargs must be a JSON object such as '{{\"map_size\": 45}}', not {text!r}")
+    return kwargs
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env-id", "--env", required=True, help="a two-team env id, e.g. battle_v4")
@@ -182,7 +193,7 @@ def main(argv=None):
     try:
         if args.battles < 1 or args.num_envs < 1 or args.workers < 1:
             raise ValueError("--battles, --num-envs and --workers must be positive integers")
-        kwargs = json.loads(args.env_kwargs)
+        kwargs = env_kwargs(args.env_kwargs)
         players = players_from(args)
         if args.keep:
             for path in keep(players, args.keep):

@@ -1,4 +1,4 @@
-"""results/bench_fused_mlp.py: its hand-written PPO step computes autograd's gradients, so its timings are of the
+"""bench/bench_fused_mlp.py: its hand-written PPO step computes autograd's gradients, so its timings are of the
 same work (the prototype of issue 22's option 2)."""
 
 import sys
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_fused_mlp as fused  # noqa: E402
 
 

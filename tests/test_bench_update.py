@@ -1,11 +1,11 @@
-"""results/bench_update.py: the matrix products it counts are all the update's products (so its ceiling is one)."""
+"""bench/bench_update.py: the matrix products it counts are all the update's products (so its ceiling is one)."""
 
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "results"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import bench_update  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_batched_products_count_once_per_matrix():
 
 
 def test_compile_bench_starts_every_ddpg_form_from_the_same_update():
-    """results/bench_compile.py checks each compiled form's losses against eager's first update: that only means
+    """bench/bench_compile.py checks each compiled form's losses against eager's first update: that only means
     something if a fresh preparation replays the same update (buffer, weights, batch) every time."""
     import bench_compile
 

@@ -119,9 +119,50 @@ def import_circle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_imports_go_one_way_inside_every_folder():
-    """No import circle between the modules of runtime/, buffers/, envs/ or results/, lazy imports included: a
-    circle makes the order modules load in matter, and hides which one is the base."""
+    """No import circle between the modules of runtime/, buffers/, envs/, results/, bench/ or probes/, lazy imports
+    included: a circle makes the order modules load in matter, and hides which one is the base."""
     assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check itself
-    for folder, package in (("runtime", "runtime"), ("buffers", "buffers"), ("envs", "envs"), ("results", None)):
+    packages = [("runtime", "runtime"), ("buffers", "buffers"), ("envs", "envs")]
+    for folder, package in [*packages, ("results", None), ("bench", None), ("probes", None)]:
         circle = import_circle(sibling_imports(ROOT / folder, package))
         assert not circle, f"{folder}/: {' -> '.join(circle)}"
+
+
+# results/ holds the pipeline that makes the published numbers, and the numbers; bench/ the scripts that write the
+# speed tables of results/speed/ (and the two helpers they share); probes/ the studies that results/'s notes quote.
+PIPELINE = {"run.py", "collect.py", "make_readme.py", "eval_final.py", "crossplay.py", "tournament.py"}
+DATA = {".json", ".md", ".png", ".pt"}
+BENCH_HELPERS = {"host.py", "compare_losses.py"}  # imported by the benchmarks; they write no table themselves
+PROBES = {"comm_probe.py", "comm_screens.py", "mpe_ceiling.py"}
+
+
+def repository_files() -> list[Path]:
+    """Every file git tracks or would track (untracked but not ignored), relative to the root."""
+    import subprocess
+
+    listing = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
+    files = subprocess.run(listing, cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    return [Path(f) for f in files if (ROOT / f).exists()]
+
+
+def test_each_top_level_folder_holds_one_kind_of_thing():
+    files = repository_files()
+    under = lambda folder: [f.relative_to(folder) for f in files if f.parts[0] == folder]  # noqa: E731
+    results = under("results")
+    scripts = {str(f) for f in results if f.suffix == ".py"}
+    assert scripts == PIPELINE, f"results/ holds the pipeline only: move {sorted(scripts - PIPELINE)} out"
+    assert not [f for f in results if f.suffix not in DATA | {".py"}], "results/: besides the pipeline, data only"
+    bench = {str(f) for f in under("bench")}
+    assert {f for f in bench if not f.startswith("bench_")} == {"cuda_check.py", "compare_commits.py"} | BENCH_HELPERS
+    for name in sorted(bench - BENCH_HELPERS):  # each writes its table where the speed tables are published
+        assert 'ROOT / "results" / "speed"' in (ROOT / "bench" / name).read_text(), f"bench/{name}"
+    assert {str(f) for f in under("probes")} == PROBES
+    notes = "".join(p.read_text() for p in (ROOT / "results").rglob("*.md") if "speed" not in p.parts)
+    assert not [name for name in PROBES if f"probes/{name}" not in notes], "a probe no note in results/ quotes"
+
+
+def test_the_readme_layout_names_every_top_level_folder():
+    block = re.search(r"## Layout\n\n```\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S).group(1)
+    listed = set(re.findall(r"^(\w+)/ ", block, flags=re.M))
+    folders = {f.parts[0] for f in repository_files() if len(f.parts) > 1 and not f.parts[0].startswith(".")}
+    assert listed == folders, f"README's layout: missing {sorted(folders - listed)}, gone {sorted(listed - folders)}"

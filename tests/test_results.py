@@ -30,7 +30,6 @@ import _fake  # noqa: E402
 import collect  # noqa: E402
 import make_readme  # noqa: E402
 import run as sweep_runner  # noqa: E402
-import script_runs  # noqa: E402
 
 TOTAL = 1000
 FAKE_CURVES = {"fake_a": (-20.0, 10.0), "fake_b": (-30.0, 20.0)}  # (offset, slope) as in fake_*.py
@@ -898,42 +897,6 @@ def test_a_tournament_page_is_nested_in_the_readme_with_its_heatmap(tmp_path):
     assert "![score matrix](battle_v4/tournament.png)" in text
 
 
-@pytest.mark.parametrize("env_id", ["simple_reference_v3", "simple_speaker_listener_v4"])
-def test_comm_probe_tells_a_communicating_team_from_a_random_one(env_id):
-    import comm_probe
-
-    env = comm_probe.make(env_id, num_envs=1, seed=0, backend="numba")
-    specs = dict(env.groups)
-    env.close()
-    rand = comm_probe.probe(*comm_probe.actors_of("random", env_id, specs, 300), 300)
-    talk = comm_probe.probe(*comm_probe.actors_of("scripted", env_id, specs, 300), 300)
-    assert abs(rand["reach"] - 1 / 3) < 0.07 and rand["symbol_bits"] < 0.01
-    assert talk["reach"] > 0.85 and talk["symbol_bits"] > 1.55 and talk["dist_target"] < talk["dist_other"] / 3
-    assert talk["return"] > rand["return"] + 10
-    assert len({symbol for symbol, _ in talk["code"]}) == 3 and min(share for _, share in talk["code"]) > 0.9
-    assert comm_probe.code(np.zeros(6, int), np.arange(6) % 3, 10) == [[0, 1.0]] * 3  # one symbol for every colour
-    x = np.repeat(np.arange(3), 100)  # a symbol that is the colour: log2(3) bits; one that ignores it: 0
-    assert comm_probe.mutual_information_bits(x, x, 10, 3) == pytest.approx(np.log2(3))
-    assert comm_probe.mutual_information_bits(np.zeros_like(x), x, 10, 3) == 0.0
-
-
-def test_comm_probe_reads_a_checkpoints_every_group(tmp_path, capsys):
-    """A speaker_listener checkpoint (two groups, continuous actions) plays through the probe's command, on the
-    final evaluation's episodes: its return is the run's own final-policy number."""
-    import comm_probe
-
-    script_runs.run_inline(capsys, "maddpg", "--env-id", "simple_speaker_listener_v4", "--num-envs", "2",
-                           "--total-timesteps", 200, "--learning-starts", 100, "--eval-interval", 0,
-                           "--final-eval-episodes", 20, "--run-dir", tmp_path)  # fmt: skip
-    comm_probe.main([str(tmp_path / "last.pt"), "--env-id", "simple_speaker_listener_v4", "--episodes", "20",
-                     "--out", str(tmp_path / "probe.json")])  # fmt: skip
-    rows = json.loads((tmp_path / "probe.json").read_text())
-    assert [r["algo"] for r in rows] == ["random", "scripted", "maddpg"]
-    assert 0 <= rows[2]["reach"] <= 1 and rows[2]["symbol_bits"] >= 0 and rows[2]["episodes"] == 20
-    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"]
-    assert rows[2]["return"] == pytest.approx(float(np.mean(final)), abs=1e-4)
-
-
 def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budget_matrix_rows_first(tmp_path):
     out = tmp_path / "results"
     for env, algo in [
@@ -979,34 +942,6 @@ def test_the_overview_heatmap_draws_the_cooperative_tasks_byte_identically_and_g
     assert make_readme.OVERVIEW_NAME not in make_readme.generate(out).read_text() and not png.exists()
 
 
-def test_comm_screens_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
-    import comm_screens
-
-    from envs import make
-
-    env = comm_screens.GivenSpeaker(make("simple_reference_v3", num_envs=4, seed=3, backend="numba"))
-    obs = env.reset()
-    seen = np.argmax(obs.obs["agent"][..., 8:11], -1)  # (E, 2)
-    step = env.step({"agent": np.full((4, 2), 4 + 5 * 7)})  # move +y, symbol 7: the symbol is replaced
-    heard = step.next.obs["agent"][..., 11:21]  # each agent hears its partner's symbol
-    assert (np.argmax(heard, -1) == seen[:, ::-1]).all() and (heard.max(-1) == 1).all()
-    assert (step.next.obs["agent"][..., 1] > 0).all()  # the move stayed the policy's: velocity +y
-    env.close()
-
-
-def test_comm_screens_factored_heads_are_a_product_of_a_move_and_a_symbol_distribution():
-    import comm_screens
-    import torch
-    from torch.distributions import Categorical
-
-    out = torch.randn(4, 2, 50)
-    joint = comm_screens.factored(out).probs.view(4, 2, 10, 5)  # index symbol * 5 + move
-    move, symbol = out[..., :5].softmax(-1), out[..., 5:15].softmax(-1)
-    torch.testing.assert_close(joint, symbol.unsqueeze(-1) * move.unsqueeze(-2))
-    entropy = comm_screens.factored(out).entropy()
-    torch.testing.assert_close(entropy, Categorical(probs=move).entropy() + Categorical(probs=symbol).entropy())
-
-
 def test_the_matrix_commands_run_every_overview_script_on_the_tasks_it_accepts():
     scripts = {}  # algo -> the tasks its command gives it
     for command in make_readme.MATRIX_COMMANDS:
@@ -1022,18 +957,6 @@ def test_the_matrix_commands_run_every_overview_script_on_the_tasks_it_accepts()
     assert all(REGISTRY[env].family == "mpe" for env in make_readme.MPE_TASKS)
 
 
-def test_mpe_ceiling_controllers_walk_to_the_landmark_in_both_action_spaces():
-    import mpe_ceiling
-
-    for continuous in (False, True):
-        still = mpe_ceiling.play(0, 0, continuous, episodes=50)  # no force: the agent stays where it starts
-        walking = mpe_ceiling.play(8, 2, continuous, episodes=50)
-        assert walking > still / 2, (continuous, walking, still)
-    obs = np.array([[[0.0, 0.0, 0.3, -1.0]]], np.float32)  # landmark mostly below: push -y, or -y and some +x
-    assert mpe_ceiling.controller(obs, 8, 2, continuous=False).tolist() == [[3]]
-    np.testing.assert_allclose(mpe_ceiling.controller(obs, 8, 2, continuous=True)[0, 0], [0, 0, 1, 1, 0])
-
-
 def test_crossplay_pages_are_nested_in_the_readme_and_their_json_is_not_read_as_a_result(local_sweep, tmp_path):
     out = tmp_path / "results"
     shutil.copytree(local_sweep[0], out)
@@ -1045,49 +968,145 @@ def test_crossplay_pages_are_nested_in_the_readme_and_their_json_is_not_read_as_
     assert [p.name for p in collect.result_paths(out)] == ["fake_a.json", "fake_b.json"]
 
 
-def test_cuda_check_trains_and_plays_back_each_checkpoint(tmp_path):
-    """results/cuda_check.py's own path, without a GPU (--cpu): a trained script's last.pt played twice."""
-    cmd = [sys.executable, str(RESULTS / "cuda_check.py"), "--cpu", "--algos", "dqn,mappo", "--workers", "2",
-           "--out", str(tmp_path / "cc")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = json.loads((tmp_path / "cc.json").read_text())["rows"]
-    assert [r["check"] for r in rows] == ["dqn", "mappo"]
-    for r in rows:
-        assert r["train_rc"] == 0 and "error" not in r
-        assert r["gpu_return"] is not None and r["gpu_return"] == r["cpu_return"]  # both sides on the CPU here
-    assert "| mappo |" in (tmp_path / "cc.md").read_text()
+# ---------------------------------------------------------------------------------------------------
+# Bad inputs to the results tools: one line that names the flag, file or field, and nothing counted twice or lost
+# ---------------------------------------------------------------------------------------------------
 
 
-def test_cuda_check_refuses_to_run_without_a_device_and_names_the_way_out(monkeypatch, capsys):
-    import cuda_check
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    refusals = ((["--algos", "dqn"], "no CUDA device here: run it on a machine with one, or pass --cpu"),
-                (["--algos", "dqn,sarsa"], "unknown check"))  # fmt: skip
-    for argv, message in refusals:
-        monkeypatch.setattr(sys, "argv", ["cuda_check.py", *argv])
-        with pytest.raises(SystemExit) as e:
-            cuda_check.main()
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and message in err, err
-
-
-def test_bench_battle_counts_agents_as_magent2_places_them_and_reports_the_gpu_ratio(monkeypatch, capsys):
-    import bench_battle
-    import torch
-
-    assert [bench_battle.agents_a_side(m) for m in (45, 40)] == [81, 64]
-    run = dict(algo="ippo", malloc="heap only", agent_steps_per_s=0, peak_rss_gib=1, hours_for_2m=1, command="c")
-    report = dict(date="d", cpu="c", cores=16, gpu="G", workers=4, load_average_before=[0] * 3, load_average=[0] * 3,
-                  map_size=40, agents_a_side=64, max_cycles=400, command="x", steps=1,
-                  runs=[run | dict(device="cpu", sps=50.0), run | dict(device="G", sps=400.0)])  # fmt: skip
-    text = bench_battle.markdown(report)
-    assert "40 x 40 (64 agents a side)" in text and "ippo with `--cuda`: **8.0x**" in text
-    assert "| ippo | heap only | G | 400.0 |" in text
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(sys, "argv", ["bench_battle.py", "--cuda"])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--extra", "--seed 7"], "--extra sets --seed, which run.py gives every run itself: use run.py's --seeds"),
+        (["--extra=--total_timesteps=5"], "--extra sets --total-timesteps, which run.py gives every run itself"),
+        (["--extra", "--run-dir x"], "--extra sets --run-dir, which run.py gives every run itself: use run.py's --out"),
+        (["--extra", "--env simple_tag_v3"], "--extra sets --env, which run.py gives every run itself: use run.py's"),
+        (["--extra", "--resume x"], "--extra sets --resume, which run.py gives every run itself: launch the same"),
+        (["--extra", '--env-kwargs \'{"N": "a'], "--extra '--env-kwargs \\'{\"N\": \"a': No closing quotation"),
+        (["--workers", "-1"], "--workers -1: must be >= 1 (without it: one run per CPU)"),
+        (["--workers", "0"], "--workers 0: must be >= 1 (without it: one run per CPU)"),
+    ],
+)
+def test_run_refuses_flags_it_sets_itself_in_extra_and_workers_below_one(flags, message, capsys):
+    """A --seed in --extra trained seed 7 and recorded seed 0; --workers -1 was a ValueError traceback and 0 silently
+    the CPU count; an unbalanced quote in --extra a shlex traceback."""
+    argv = ["--algos", "fake_a", "--envs", "env_x", "--total-timesteps", "7", "--algos-dir", str(FAKES), *flags]
     with pytest.raises(SystemExit) as e:
-        bench_battle.main()
-    assert e.value.code == 2 and "--cuda: no CUDA device here" in capsys.readouterr().err
+        sweep_runner.parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {message}" in err and "Traceback" not in err, err
+    (run,) = sweep_runner.plan(sweep_runner.parse_args([*argv[:8], "--seeds", "0,", "--extra", "--env-kwargs {}"]))
+    assert run.argv[-2:] == ["--env-kwargs", "{}"]  # a flag that merely starts like --env is the script's
+
+
+def test_collect_refuses_a_copied_run_directory_naming_both(local_sweep, tmp_path, capsys):
+    """A copy of seed1's directory as seed2 counted as a third seed of the same run; a directory whose name is not
+    the seed it trained would record a seed that never ran. Both are refused, and the result file stays as it was."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    runs, before = out / "runs" / "env_x" / "fake_a", (out / "env_x" / "fake_a.json").read_text()
+    shutil.copytree(runs / "seed1", runs / "seed2")
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    err = capsys.readouterr().err
+    both = f"{runs / 'seed1'} and {runs / 'seed2'} both trained with --seed 1 (config.json): one run twice"
+    assert f"error: env_x/fake_a: {both}" in err and (out / "env_x" / "fake_a.json").read_text() == before
+    (runs / "seed1").rename(runs / "seed3")  # only the copy is left, under another seed's name
+    shutil.rmtree(runs / "seed2")
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    assert f"{runs / 'seed3'} trained with --seed 1 (config.json), not the seed 3 it names" in capsys.readouterr().err
+
+
+def test_collect_names_a_garbled_or_missing_config_instead_of_taking_the_other_seeds(local_sweep, tmp_path, capsys):
+    """A config.json that does not parse was dropped without a word, and the other seed's config stood for both."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    config = out / "runs" / "env_x" / "fake_a" / "seed0" / "config.json"
+    config.write_text('{"seed": 0, "num_envs": 4')
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: env_x/fake_a: {config}: unreadable (Expecting ',' delimiter" in err
+    assert "so the run's flags are unknown" in err
+    config.write_text("[0]")
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    assert f"{config}: a JSON list, not an object of flags" in capsys.readouterr().err
+    config.unlink()
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+    assert f"{config}: missing, so the run's flags are unknown" in capsys.readouterr().err
+
+
+def test_a_result_of_runs_started_by_hand_says_it_has_no_command_and_is_not_stale(local_sweep, tmp_path, monkeypatch):
+    """Without a recorded command the drift check read stdin (shlex.split(None)) and, given none, called the row
+    stale: "script `[]` no longer exists"."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    for record in (out / "runs" / "env_x" / "fake_a").glob("seed*/run.json"):
+        record.unlink()  # as the script leaves its directory when started by hand
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 0
+    result = load(out, "fake_a")
+    assert [p["command"] for p in result["per_seed"]] == [None, None] and not result["commands"]
+
+    class NoStdin:
+        def read(self, *args):
+            raise AssertionError("make_readme read stdin")
+
+        readline = read
+
+    monkeypatch.setattr(sys, "stdin", NoStdin())
+    assert make_readme.config_drift(result) is None
+    text = make_readme.generate(out).read_text()
+    assert "Stale: `fake_a`" not in text and "no longer exists" not in text
+    assert "`fake_a`: its runs recorded no command (started by hand, not by results/run.py)" in text
+    assert "python results/run.py" in text  # fake_b's command is still shown
+
+
+def test_crossplay_names_a_cached_record_it_cannot_use_and_plays_every_pair_again(tmp_path, capsys):
+    """A crossplay.json of the same settings without `per_seed` was a KeyError."""
+    import crossplay
+
+    settings = dict(env_id="simple_tag_v3", seeds=[0], teams=[["adversary"], ["agent"]], episodes=4, backend="numba")
+    digests = {"mappo-3m/seed0": "d0", "ippo-3m/seed0": "d1"}
+    cached = tmp_path / "crossplay.json"
+    cached.write_text(json.dumps(dict(settings, commit="c" * 40, digests=digests)))
+    assert crossplay.earlier_pairs(cached, settings, digests) == {}
+    assert f"note: {cached}: no 'per_seed' (each pair's list of per-seed returns); every pair is played again" in (
+        capsys.readouterr().err
+    )
+    cached.write_text("{")
+    assert crossplay.earlier_pairs(cached, settings, digests) == {}
+    assert f"note: {cached}: unreadable (" in capsys.readouterr().err
+    runs = [{"adversary": 1.0, "agent": -1.0}]
+    cached.write_text(json.dumps(dict(settings, digests=digests, per_seed={"mappo-3m vs ippo-3m": runs})))
+    assert crossplay.earlier_pairs(cached, settings, digests) == {"mappo-3m vs ippo-3m": (runs, "unknown")}
+    assert crossplay.earlier_pairs(tmp_path / "none.json", settings, digests) == {}
+    assert capsys.readouterr().err == ""  # a first cross-play, or one that is usable: no line
+
+
+@pytest.mark.parametrize(
+    "seeds, message",
+    [
+        ("0,0", "--seeds '0,0': seed 0 given twice; each seed pairs once"),
+        ("0,x", "--seeds '0,x': expected comma-separated integers"),
+    ],
+)
+def test_crossplay_refuses_a_seed_given_twice(seeds, message, tmp_path, capsys):
+    """--seeds 0,0 played every pair twice and reported two seeds."""
+    import crossplay
+
+    argv = ["--env-id", "simple_tag_v3", "--algos", "mappo,ippo", "--seeds", seeds, "--runs", str(tmp_path)]
+    assert crossplay.main(argv) == 2
+    assert f"error: {message}" in capsys.readouterr().err
+    assert crossplay.parse_seeds("2, 0,1") == [2, 0, 1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ("[12]", "--env-kwargs must be a JSON object such as '{\"map_size\": 45}', not '[12]'"),
+        ("{map_size: 12}", "--env-kwargs is not valid JSON (Expecting property name"),
+    ],
+)
+def test_tournament_says_env_kwargs_must_be_a_json_object(kwargs, message, capsys):
+    """--env-kwargs '[12]' was a TypeError traceback from the env's constructor."""
+    import tournament
+
+    assert tournament.main(["--env", "battle_v4", "--random", "--env-kwargs", kwargs]) == 2
+    assert f"error: {message}" in capsys.readouterr().err

@@ -161,7 +161,7 @@ class MPEVecEnv(VecEnv):
         return self._step(check_actions(actions, self.groups, self.num_envs))
 
     def _step(self, actions: dict[str, np.ndarray]) -> StepResult:
-        """`step` without the checks of its input (results/bench_numba_mpe.py measures what they cost)."""
+        """`step` without the checks of its input (bench/bench_numba_mpe.py measures what they cost)."""
         E, A = self.num_envs, len(self.agents)
         for g, a in actions.items():
             agents = self._group_slices[g][0]

@@ -1,8 +1,8 @@
 """What training on MAgent2's battle costs here: env-steps/s, agent-steps/s, peak memory and the hours a 2M-step run
 would take, for the scripts of the MAgent2 baseline (MAPPO and IPPO, self-play against their own past checkpoints).
 
-    python results/bench_battle.py            # writes results/speed/battle.md and battle.json
-    python results/bench_battle.py --algos mfq,mfac,iql,ippo,mappo --map-size 40 --max-cycles 400 --cuda \
+    python bench/bench_battle.py            # writes results/speed/battle.md and battle.json
+    python bench/bench_battle.py --algos mfq,mfac,iql,ippo,mappo --map-size 40 --max-cycles 400 --cuda \
         --workers 5 --name battle_cuda       # on a machine with a GPU: each script on the CPU and with --cuda
 
 Each script runs as a subprocess at its defaults (128 envs, 25-step rollouts, 10 epochs of 1 minibatch) on
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
-from bench_train import _cpu
+from host import cpu_name
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,10 +115,10 @@ def main():
         on_gpu = pool.submit(lambda: [measure(j) for j in jobs if j[2]])  # one after another
         on_cpu = list(pool.map(measure, [j for j in jobs if not j[2]]))
         done = {(r["algo"], r["malloc"], r["device"] != "cpu"): r for r in on_cpu + on_gpu.result()}
-    report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), gpu=gpu, workers=args.workers,
+    report = dict(date=date.today().isoformat(), cpu=cpu_name(), cores=os.cpu_count(), gpu=gpu, workers=args.workers,
                   load_average_before=load_before, load_average=os.getloadavg(), map_size=args.map_size,
                   agents_a_side=agents, max_cycles=args.max_cycles,
-                  command=" ".join(["python results/bench_battle.py", *sys.argv[1:]]), steps=args.steps,
+                  command=" ".join(["python bench/bench_battle.py", *sys.argv[1:]]), steps=args.steps,
                   runs=[done[j] for j in jobs])  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -138,7 +138,8 @@ def markdown(report):
         + (f", {report['workers']} CPU runs side by side" if report.get("workers", 1) > 1 else "")
         + f". Regenerate: `{report['command']}`.",
         f"Settings: each script's defaults (iql: `{PROTOCOL_FLAGS['iql']}`), battle_v4 at {size} x {size} ({agents} "
-        "agents a side)" + (f", episodes of at most {report['max_cycles']} steps" if report.get("max_cycles") else "")
+        "agents a side)"
+        + (f", episodes of at most {report['max_cycles']} steps" if report.get("max_cycles") else "")
         + ", `--self-play blue` (red learns, blue plays red's past checkpoints), "
         f"{report['steps']:,} env steps, evaluation off, 1 torch thread.",
         "",
@@ -156,14 +157,15 @@ def markdown(report):
         if r.get("device", "cpu") != "cpu":
             lines += ["", f"{r['algo']} with `--cuda`: **{r['sps'] / cpu[r['algo'], r.get('malloc')]['sps']:.1f}x** "
                       "the env-steps/s of the same script on one CPU core of the same machine."]  # fmt: skip
-    lines += [] if size != 45 else [
-        "",
-        "The learner is the cost: 81 agents' 13 x 13 x 5 views (845 floats) through 10 epochs per rollout. Before "
-        "mappo's critic took the state through its first layer once (not once per agent with its id), one update "
-        "built a (3,200 x 81 x 10,206) float input, 10.6 GB a group, and a default run was killed for memory on this "
-        "24 GB machine.",
-        "",
-    ]
+    if size == 45:
+        lines += [
+            "",
+            "The learner is the cost: 81 agents' 13 x 13 x 5 views (845 floats) through 10 epochs per rollout. Before "
+            "mappo's critic took the state through its first layer once (not once per agent with its id), one update "
+            "built a (3,200 x 81 x 10,206) float input, 10.6 GB a group, and a default run was killed for memory on "
+            "this 24 GB machine.",
+            "",
+        ]
     by = {(r["algo"], r.get("malloc", "glibc default")): r for r in report["runs"]}
     for algo in dict.fromkeys(r["algo"] for r in report["runs"]):
         if (algo, "glibc default") in by:

@@ -1,7 +1,7 @@
 """Does a policy communicate? A probe of simple_reference_v3 and simple_speaker_listener_v4 checkpoints (issue 23).
 
-    python results/comm_probe.py results/runs/simple_reference_v3/mappo/seed0/last.pt ... [--episodes 1000]
-    python results/comm_probe.py --env-id simple_speaker_listener_v4 <run dir>/last.pt ...
+    python probes/comm_probe.py results/runs/simple_reference_v3/mappo/seed0/last.pt ... [--episodes 1000]
+    python probes/comm_probe.py --env-id simple_speaker_listener_v4 <run dir>/last.pt ...
 
 In simple_reference_v3 each of the two agents sees the colour of the landmark its partner must reach, and its
 partner's last symbol (one of 10); it cannot see its own target. In simple_speaker_listener_v4 the speaker sees

@@ -1,6 +1,6 @@
 """What hand-fused kernels would buy the PPO update (option 2 of issue 22): a measured prototype, not a script's path.
 
-    python results/bench_fused_mlp.py           # writes results/speed/fused_mlp.md and fused_mlp.json
+    python bench/bench_fused_mlp.py           # writes results/speed/fused_mlp.md and fused_mlp.json
 
 One PPO minibatch step at JaxMARL's IPPO config (speed/jaxmarl.md: simple_spread_v3, 3 agents, 21 inputs with the
 agent id, 64-wide actor and critic of two hidden layers, 5 actions, 1,536 rows a minibatch), two ways, one thread:
@@ -40,7 +40,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from bench_train import _cpu  # noqa: E402
+from host import cpu_name  # noqa: E402
 from numba import njit  # noqa: E402
 
 from runtime.mlp import _dense  # noqa: E402  x @ w + b, ReLU'd in the same pass: the acting pass's layer
@@ -465,8 +465,8 @@ def main(argv=None) -> int:
     lines = [
         "# Hand-fused kernels for the PPO update: the measured ceiling of issue 22's option 2 (a prototype)",
         "",
-        f"Measured {date.today()} on {_cpu()}, torch {torch.__version__}, one thread, load average "
-        f"{', '.join(f'{x:.1f}' for x in load)} before. Regenerate: `python results/bench_fused_mlp.py` (what it "
+        f"Measured {date.today()} on {cpu_name()}, torch {torch.__version__}, one thread, load average "
+        f"{', '.join(f'{x:.1f}' for x in load)} before. Regenerate: `python bench/bench_fused_mlp.py` (what it "
         f"times: its docstring). Median of {args.repeats} timings, the forms interleaved. One PPO minibatch step of "
         "IPPO's two 64-wide networks on simple_spread_v3, at two minibatch sizes.",
         "",
@@ -513,7 +513,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(dict(results, load=load, cpu=_cpu()), indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(dict(results, load=load, cpu=cpu_name()), indent=1) + "\n")
     print(text)
     return 0
 

@@ -1,10 +1,10 @@
 """End-to-end training speed of the MPE scripts (MAPPO, IPPO, MADDPG, MATD3, IDDPG; IQL, VDN, QMIX, WQMIX; COMA, VDAC),
 and where the time goes.
 
-    python results/bench_train.py            # writes results/speed/train.md and train.json
-    python results/bench_train.py --algos mappo,iql,vdn,qmix,wqmix,coma,vdac --name train_team  # the newer scripts
-    python results/bench_train.py --algos qmix,qtran,dcg,mappo,happo --name train_siblings  # issue 43's, by a sibling
-    python results/bench_train.py --algos mappo,commnet,ic3net,tarmac --steps 64000 --pz-steps 8000 --name train_comm
+    python bench/bench_train.py            # writes results/speed/train.md and train.json
+    python bench/bench_train.py --algos mappo,iql,vdn,qmix,wqmix,coma,vdac --name train_team  # the newer scripts
+    python bench/bench_train.py --algos qmix,qtran,dcg,mappo,happo --name train_siblings  # issue 43's, by a sibling
+    python bench/bench_train.py --algos mappo,commnet,ic3net,tarmac --steps 64000 --pz-steps 8000 --name train_comm
 
 Each script runs as a subprocess with the settings used for the results (its defaults: for the PPO scripts
 128 envs, 25-step rollouts, 10 epochs; for the DDPG family 128 envs, one update of 256 per 256 transitions)
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_envs import raw_loop
+from host import cpu_name
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from envs.registry import build_parallel_env
@@ -213,9 +214,9 @@ def main():
                 print(f"{algo:6s} {backend:10s} {vector:7s} threads={threads} {extra}: {value:,.0f} env-steps/s",
                       flush=True)  # fmt: skip
         profiles = {algo: profile(algo, args.steps, tmp) for algo in PHASES if algo in args.algos.split(",")}
-    report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
+    report = dict(date=date.today().isoformat(), cpu=cpu_name(), cores=os.cpu_count(), python=platform.python_version(),
                   load_average_before=load_before, load_average=os.getloadavg(),
-                  command=" ".join(["python results/bench_train.py", *sys.argv[1:]]), runs=rows,
+                  command=" ".join(["python bench/bench_train.py", *sys.argv[1:]]), runs=rows,
                   raw_mpe2_env_steps_per_s=raw,
                   profiles={a: dict(main_seconds=t, phases=ph) for a, (t, ph) in profiles.items()})  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -286,13 +287,6 @@ def markdown(report):
         phases = sorted(prof["phases"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
         lines += [f"| {k} | {v:.2f} | {100 * v / total:.0f}% |" for k, v in phases]
     return "\n".join(lines) + "\n"
-
-
-def _cpu():
-    try:
-        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 if __name__ == "__main__":

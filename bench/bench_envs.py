@@ -1,6 +1,6 @@
 """Speed of the `envs` vector envs: wrapper overhead, sync vs subprocess, and MAgent2 battle.
 
-    python results/bench_envs.py            # writes results/speed/envs.md and envs.json
+    python bench/bench_envs.py            # writes results/speed/envs.md and envs.json
 
 Measured in one run, with the same pre-drawn random actions for every contender:
 
@@ -25,11 +25,15 @@ import subprocess
 import sys
 import time
 from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
+from host import cpu_name
 
 import envs
 from envs.registry import build_parallel_env
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def raw_loop(env, actions: np.ndarray, skip_dead: bool = False, with_state: bool = False) -> float:
@@ -190,12 +194,7 @@ def battle(steps: int, repeats: int) -> dict:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
@@ -283,12 +282,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps per round of the overhead test")
     parser.add_argument("--repeats", type=int, default=9, help="rounds per measurement (median)")
-    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "speed"))
+    parser.add_argument("--out-dir", default=str(ROOT / "results" / "speed"))
     args = parser.parse_args()
 
     start = time.perf_counter()
     report = {
-        "command": "python " + " ".join(["results/bench_envs.py", *sys.argv[1:]]),
+        "command": "python " + " ".join(["bench/bench_envs.py", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "load_before": [round(x, 2) for x in os.getloadavg()],

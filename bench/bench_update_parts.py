@@ -1,6 +1,6 @@
 """The PPO pair's fast parts against their plain forms, one at a time, on this CPU, one torch thread.
 
-    python results/bench_update_parts.py       # writes results/speed/update_parts.md and update_parts.json
+    python bench/bench_update_parts.py       # writes results/speed/update_parts.md and update_parts.json
 
 Each part of mappo.py's and ippo.py's update and acting that has a fast form in the run-time layer or the script,
 timed against the plain form it replaced (the one tests/test_mappo.py holds it equal to), at two shapes: a minibatch
@@ -28,11 +28,12 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from bench_train import _cpu
+from host import cpu_name
 
 from runtime import Categorical, clip_grad_norm
 
-OUT = Path(__file__).resolve().parent / "speed"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "speed"
 
 
 def torch_categorical(logits):
@@ -120,7 +121,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     shapes = {"matched (512 x 3 rows; acting 16 x 3)": 1536, "defaults (3,200 x 3 rows; acting 128 x 3)": 9600}
-    report = {"date": date.today().isoformat(), "cpu": _cpu(), "torch": torch.__version__,
+    report = {"date": date.today().isoformat(), "cpu": cpu_name(), "torch": torch.__version__,
               "python": platform.python_version(), "threads": 1,
               "results": {name: measure(rows, args.rounds, args.number) for name, rows in shapes.items()}}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
@@ -129,7 +130,7 @@ def main():
         "# The PPO pair's fast parts against their plain forms (microseconds per call, one thread)",
         "",
         f"Measured {report['date']} on {report['cpu']}, torch {report['torch']}. Regenerate: "
-        "`python results/bench_update_parts.py` (what each part is: its docstring). Median over "
+        "`python bench/bench_update_parts.py` (what each part is: its docstring). Median over "
         f"{args.rounds} alternating rounds of the best of 3 timings of {args.number} calls.",
         "",
         "| part | shape | fast (us) | plain (us) | plain / fast |",

@@ -1,6 +1,6 @@
 """The update's floor: the highest env-steps/s each script's update allows on this CPU at the results' settings.
 
-    python results/bench_update.py            # writes results/speed/update.md and update.json
+    python bench/bench_update.py            # writes results/speed/update.md and update.json
 
 The PPO update is most of a MAPPO or IPPO run on the Numba MPE (results/speed/train.md). This fills one rollout
 of simple_spread_v3 with the script's own networks at its defaults (128 envs x 25 steps x 3 agents, 10 epochs of
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_train import _cpu
+from host import cpu_name
 from torch.profiler import ProfilerActivity, profile
 
 import envs
@@ -222,8 +222,8 @@ def where_time_goes(update, calls=20, top=12, per_call=1):
 def profile_report(algos):
     """The markdown of --profile: one table per script, at its defaults."""
     lines = ["# Where one update's time goes (ms per update, one torch thread)", "",
-             f"Measured {date.today().isoformat()} on {_cpu()}, torch {torch.__version__}. Regenerate: "
-             f"`python results/bench_update.py --profile --algos {','.join(algos)}`. Own time of each ATen op from "
+             f"Measured {date.today().isoformat()} on {cpu_name()}, torch {torch.__version__}. Regenerate: "
+             f"`python bench/bench_update.py --profile --algos {','.join(algos)}`. Own time of each ATen op from "
              "torch's profiler over 20 updates (the PPO pair: 2; its overhead inflates every op a little); 'outside "
              "every op': the timed wall time minus all ops' own time (Python, dispatch, autograd's engine).",
              ""]  # fmt: skip
@@ -373,9 +373,9 @@ def main():
     if "ippo" in algos:
         rows.append(measure("ippo", "ippo (JaxMARL's config)", **MATCHED))
     rows += [measure_ddpg(a, f, b) for a in algos if a in DDPG for f, b in settings]
-    report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
+    report = dict(date=date.today().isoformat(), cpu=cpu_name(), cores=os.cpu_count(), python=platform.python_version(),
                   torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
-                  command="python results/bench_update.py", rows=rows)  # fmt: skip
+                  command="python bench/bench_update.py", rows=rows)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "update.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "update.md").write_text(markdown(report))

@@ -1,6 +1,6 @@
 """How much of simple_v3 is the action space? Scripted controllers on protocol v2's final episodes (issue 23).
 
-    python results/mpe_ceiling.py [--episodes 1000]
+    python probes/mpe_ceiling.py [--episodes 1000]
 
 simple_v3 is one agent walking to one landmark: no partner, no credit to assign, so what separates two learners
 there is control. mpe2 gives a discrete agent five actions, a unit force along one axis or none; a continuous agent

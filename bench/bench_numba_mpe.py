@@ -1,7 +1,7 @@
 """Speed of the Numba MPE backend (`envs.mpe`) against mpe2, per scenario, on one core.
 
-    python results/bench_numba_mpe.py               # writes results/speed/numba_mpe.md and numba_mpe.json
-    python results/bench_numba_mpe.py --validation  # writes results/speed/numba_mpe_validation.md: what the
+    python bench/bench_numba_mpe.py               # writes results/speed/numba_mpe.md and numba_mpe.json
+    python bench/bench_numba_mpe.py --validation  # writes results/speed/numba_mpe_validation.md: what the
                                                     # input checks of step() cost (step vs the unchecked _step)
 
 For each of the nine scenarios (default kwargs, discrete actions, max_cycles 25 with resets):
@@ -36,10 +36,12 @@ from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from host import cpu_name  # noqa: E402
 
 from envs.mpe import SCENARIOS, make_vec  # noqa: E402
 from envs.mpe.mpe2_bridge import mpe2_module  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1, 64, 1024)
 TARGET = ("simple_spread_v3", 1024, 240_000)  # the goal: >= 100x mpe2 on simple_spread at 1024 envs
 
@@ -173,14 +175,7 @@ def validation_markdown(report: dict) -> str:
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -251,14 +246,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5, help="length of one timed round")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per figure (the best is kept)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario ids")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "speed" / "numba_mpe"), help="output stem")
+    parser.add_argument("--out", default=str(ROOT / "results" / "speed" / "numba_mpe"), help="output stem")
     parser.add_argument("--validation", action="store_true", help="only the cost of step()'s input checks")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):  # one core: the last one this process may use
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     started = time.perf_counter()
     report = {
-        "command": "python results/bench_numba_mpe.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        "command": "python bench/bench_numba_mpe.py" + "".join(f" {a}" for a in sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "seconds": args.seconds,

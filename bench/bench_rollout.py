@@ -1,6 +1,6 @@
 """Where one iteration of ippo.py goes at JaxMARL's IPPO config, section by section, one torch thread.
 
-    python results/bench_rollout.py            # writes results/speed/rollout.md and rollout.json
+    python bench/bench_rollout.py            # writes results/speed/rollout.md and rollout.json
 
 The config of speed/jaxmarl.md's `ippo` pair (16 envs x 128 steps on the Numba MPE's simple_spread_v3, 64-wide
 networks, 4 epochs x 4 minibatches). The script's own functions run its loop: each rollout step is timed in its
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_train import _cpu
 from bench_update import MATCHED
+from host import cpu_name
 
 import envs
 from buffers import RolloutBuffer
@@ -95,7 +95,7 @@ def main():
     jax = json.loads((OUT / "jaxmarl.json").read_text())["pairs"]["ippo"]["median"]["theirs"]
     products = next(r for r in json.loads((OUT / "update.json").read_text())["rows"]
                     if r.get("label") == "ippo (JaxMARL's config)")["threads_1"]["products_ms"]  # fmt: skip
-    report = {"date": date.today().isoformat(), "cpu": _cpu(), "torch": torch.__version__, "load_before": load,
+    report = {"date": date.today().isoformat(), "cpu": cpu_name(), "torch": torch.__version__, "load_before": load,
               "load_after": os.getloadavg(), "env_steps_per_iteration": steps, "ms_per_iteration": ms,
               "update_products_ms": products, "jaxmarl_ms_per_iteration": steps / jax * 1e3}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
@@ -105,7 +105,7 @@ def main():
         "# Where an ippo.py iteration goes at JaxMARL's IPPO config (ms per iteration of 2,048 env steps, one thread)",
         "",
         f"Measured {report['date']} on {report['cpu']}, torch {report['torch']}, load average "
-        f"{', '.join(f'{x:.1f}' for x in load)} before. Regenerate: `python results/bench_rollout.py` (what it "
+        f"{', '.join(f'{x:.1f}' for x in load)} before. Regenerate: `python bench/bench_rollout.py` (what it "
         f"times: its docstring). Medians over {args.iterations} iterations.",
         "",
         "| part | ms per iteration | per env step of the 16 envs (us) | share |",

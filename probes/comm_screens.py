@@ -1,13 +1,13 @@
 """Diagnosis screens for issue 23: an on-policy script on simple_reference_v3 with one thing changed.
 
-    python results/comm_screens.py given-speaker mappo --seed 0 --total-timesteps 1000000 --run-dir runs/x
-    python results/comm_screens.py factored-heads mappo --seed 0 --total-timesteps 1000000 --run-dir runs/y
+    python probes/comm_screens.py given-speaker mappo --seed 0 --total-timesteps 1000000 --run-dir runs/x
+    python probes/comm_screens.py factored-heads mappo --seed 0 --total-timesteps 1000000 --run-dir runs/y
 
 Each runs algos/<script>.py (mappo or ippo) unchanged but for one thing, in training and in every evaluation:
 
 * `given-speaker`: every symbol an agent sends is replaced by the colour of the target it sees (symbol k for
   landmark k). The policy still chooses its moves, and must learn to read its partner's symbol. If it then reaches
-  a communicating team's return (results/comm_probe.py: about -11), listening is learnable, and what fails without
+  a communicating team's return (probes/comm_probe.py: about -11), listening is learnable, and what fails without
   this is the speaking (or the two at once).
 * `factored-heads`: the MAPPO paper's action heads for this task (MultiDiscrete [5 moves, 10 symbols]): the policy
   over mpe2's Discrete(50) is the product of a move and a symbol distribution, from the first 15 of the head's 50
@@ -60,7 +60,7 @@ def factored(out):
 def main(argv: list[str]) -> None:
     screens = ("given-speaker", "factored-heads")
     if len(argv) < 2 or argv[0] not in screens or argv[1] not in ("mappo", "ippo") or "--continuous-actions" in argv:
-        sys.exit(f"usage: python results/comm_screens.py {{{','.join(screens)}}} {{mappo,ippo}} [the script's flags]")
+        sys.exit(f"usage: python probes/comm_screens.py {{{','.join(screens)}}} {{mappo,ippo}} [the script's flags]")
     script = ROOT / "algos" / f"{argv[1]}.py"
     spec = importlib.util.spec_from_file_location(f"_screen_{argv[1]}", script)
     module = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 """Every script of algos/ trained with --cuda, and its checkpoint played back on the GPU and on the CPU.
 
-    python results/cuda_check.py                # on a machine with a CUDA device: writes results/speed/cuda_check.md
-    python results/cuda_check.py --workers 8 --algos mappo,maddpg
+    python bench/cuda_check.py                # on a machine with a CUDA device: writes results/speed/cuda_check.md
+    python bench/cuda_check.py --workers 8 --algos mappo,maddpg
 
 For each script (each on its default task, a few hundred env steps: enough for the first updates): one training run
 with `--cuda` (must exit 0 with finite losses: the scripts stop on a non-finite one), then its `last.pt` played
@@ -15,7 +15,7 @@ carry the missing packages as wheels downloaded where pip works (`pip download -
 --python-version 3.12 --platform manylinux2014_x86_64 --platform any -d .whl gymnasium pettingzoo mpe2 magent2 tyro
 docstring_parser typeguard shtab Farama-Notifications pygame-ce`, the versions of this checkout's environment), then
 there: `pip install --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD;
-python setup.py build_ext --inplace; python results/cuda_check.py --workers 10`. For results/bench_jaxmarl.py
+python setup.py build_ext --inplace; python bench/cuda_check.py --workers 10`. For bench/bench_jaxmarl.py
 --cuda add the wheels of ../shared/peers/README.md's install line and the packages they need (jaxmarl, distrax,
 tfp-nightly, gymnax, dm-tree, gast, decorator, hydra-core, omegaconf, antlr4-python3-runtime 4.9.3).
 """
@@ -115,7 +115,7 @@ def main():
     device = "CPU" if args.cpu else torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(args.workers) as pool:
         rows = list(pool.map(lambda n: check(n, workdir, not args.cpu, args.timeout), names))
-    command = " ".join(["python results/cuda_check.py", *sys.argv[1:]])
+    command = " ".join(["python bench/cuda_check.py", *sys.argv[1:]])
     lines = [f"# Every script with --cuda, its checkpoint played on the GPU and on the CPU ({device})", "",
              f"`{command}`, torch {torch.__version__}. "
              "A row passes when training exits 0 and both plays of `last.pt` print a return.", "",

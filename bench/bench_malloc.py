@@ -1,6 +1,6 @@
 """Training speed under glibc's default malloc and with every block from the heap (the scripts' way), side by side.
 
-    python results/bench_malloc.py            # writes results/speed/malloc.md and malloc.json
+    python bench/bench_malloc.py            # writes results/speed/malloc.md and malloc.json
 
 By default glibc serves a block above its mmap threshold (128 kB, raised on the fly up to 32 MB as blocks are freed)
 with a fresh mmap and hands it back to the OS on free, and it trims the heap's free top back to the OS, so a tensor
@@ -9,7 +9,7 @@ start: every block from the heap, freed memory kept there for reuse. This measur
 each script on the Numba MPE with one torch thread, as it runs ('kept') and with glibc's defaults
 (FLASHMARL_MALLOC=glibc in the environment), interleaved, the median SPS of each and their ratio, and the minor page
 faults of each run (most of the kept runs' are the start: imports, Numba's cache). The learning is the same bit for
-bit, checked: the first pair of runs of each script log the same losses (results/compare_losses.py's reading).
+bit, checked: the first pair of runs of each script log the same losses (bench/compare_losses.py's reading).
 """
 
 import argparse
@@ -24,8 +24,9 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from bench_train import _cpu, run_dir_of, sps
+from bench_train import run_dir_of, sps
 from compare_losses import losses
+from host import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -55,9 +56,9 @@ def main():
             same = pair[0] == pair[1] and bool(pair[0])
             rows.append(dict(algo=algo, steps=args.steps, command=cmd, runs=runs, page_faults=faults, same_losses=same,
                              median={name: statistics.median(v) for name, v in runs.items()}))  # fmt: skip
-    report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
+    report = dict(date=date.today().isoformat(), cpu=cpu_name(), cores=os.cpu_count(), python=platform.python_version(),
                   torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
-                  command=" ".join(["python results/bench_malloc.py", *sys.argv[1:]]), glibc=GLIBC,
+                  command=" ".join(["python bench/bench_malloc.py", *sys.argv[1:]]), glibc=GLIBC,
                   rows=rows)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "malloc.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,8 +1,8 @@
 """Speed of our Numba ports of Level-Based Foraging and the Multi-Robot Warehouse against their packages and
 Jumanji's JAX versions, on one core.
 
-    python results/bench_ports.py                 # writes results/speed/foraging.md and warehouse.md (+ .json)
-    python results/bench_ports.py --family lbf    # one of them
+    python bench/bench_ports.py                 # writes results/speed/foraging.md and warehouse.md (+ .json)
+    python bench/bench_ports.py --family lbf    # one of them
 
 For each of the EPyMARL benchmark's tasks (envs/foraging.py, envs/warehouse.py), random actions drawn beforehand,
 episodes at the time limit (LBF 50, RWARE 500 steps) with resets:
@@ -16,7 +16,7 @@ episodes at the time limit (LBF 50, RWARE 500 steps) with resets:
   one.
 
 env-steps/s counts one env advancing one step. Each figure is the best of `--repeats` rounds of about
-`--seconds` s (results/bench_numba_mpe.py's `best_rate`: other load only ever slows a round down), the rounds of a
+`--seconds` s (bench/bench_numba_mpe.py's `best_rate`: other load only ever slows a round down), the rounds of a
 task's figures interleaved so that load on a shared machine falls on all of them alike.
 """
 
@@ -44,7 +44,8 @@ from envs.foraging_numba import ForagingVecEnv  # noqa: E402
 from envs.warehouse_numba import WarehouseVecEnv  # noqa: E402
 
 SIZES = (1, 64, 1024)
-OUT = Path(__file__).resolve().parent / "speed"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "speed"
 FAMILIES = {  # name -> (tasks, actions, our VecEnv, goal at 1024 envs (issue 42), page, title)
     "lbf": (foraging.TASKS, 6, ForagingVecEnv, 200, "foraging", "Level-Based Foraging"),
     "rware": (warehouse.TASKS, 5, WarehouseVecEnv, 100, "warehouse", "the Multi-Robot Warehouse"),
@@ -226,7 +227,7 @@ def main() -> None:
             date=datetime.date.today().isoformat(),
             machine=machine(),
             versions=package_versions(),
-            command="python results/bench_ports.py " + " ".join(sys.argv[1:]),
+            command="python bench/bench_ports.py " + " ".join(sys.argv[1:]),
             family=family,
             rows=rows,
             load_average=os.getloadavg(),

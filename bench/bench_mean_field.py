@@ -1,8 +1,8 @@
 """Mean-field MARL speed: the neighbour mean-action kernel against its reference, and MF-Q / MF-AC training on
 battle_v4 with the native MAgent2 backend, measured in one run.
 
-    python results/bench_mean_field.py                 # writes results/speed/mean_field.md and mean_field.json
-    python results/bench_mean_field.py --no-train      # the kernel only
+    python bench/bench_mean_field.py                 # writes results/speed/mean_field.md and mean_field.json
+    python bench/bench_mean_field.py --no-train      # the kernel only
 
 1. `buffers.kernels.neighbour_mean_actions` (Numba) against `buffers.reference.neighbour_mean_actions` (plain
    Python), ns per agent-step (one agent's mean action at one step), median of repeats, on random cells of a 45 x 45
@@ -88,7 +88,7 @@ def main():
     args = parser.parse_args()
     kernels.warmup()
     report = dict(date=date.today().isoformat(), cpu=platform.processor() or platform.machine(),
-                  load_average=os.getloadavg(), command="python results/bench_mean_field.py" + (
+                  load_average=os.getloadavg(), command="python bench/bench_mean_field.py" + (
                       " --no-train" if args.no_train else ""), kernel=bench_kernel(args.repeats),
                   train=[] if args.no_train else bench_train(args.steps))  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Are two runs' losses bit-identical up to a step? (a refactor must not change training)
 
-    python results/compare_losses.py RUN_A RUN_B --until 200000
+    python bench/compare_losses.py RUN_A RUN_B --until 200000
 
 Reads every `losses/*` scalar of both TensorBoard logs at steps <= --until and compares them exactly (float32 as
 logged). Exits 1 and names the first difference if any value, tag or step differs.

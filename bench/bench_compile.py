@@ -1,6 +1,6 @@
 """Does torch.compile speed up the update on this CPU? The scripts' own update, eager against compiled.
 
-    python results/bench_compile.py            # writes results/speed/compile.md and compile.json
+    python bench/bench_compile.py            # writes results/speed/compile.md and compile.json
 
 Issue 22 names `torch.compile` of the update step as one way to the hardware's speed. This measures it on the
 scripts' real update at their defaults on simple_spread_v3: `update()` of algos/mappo.py and algos/ippo.py on one
@@ -38,8 +38,8 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
-from bench_train import _cpu  # noqa: E402
 from bench_update import DDPG, filled_replay, filled_rollout, load_script  # noqa: E402
+from host import cpu_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -152,9 +152,9 @@ def main():
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     rows = [measure(a, args.rounds) for a in args.algos.split(",")]
-    report = dict(date=date.today().isoformat(), cpu=_cpu(), cores=os.cpu_count(), python=platform.python_version(),
+    report = dict(date=date.today().isoformat(), cpu=cpu_name(), cores=os.cpu_count(), python=platform.python_version(),
                   torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
-                  rounds=args.rounds, command="python results/bench_compile.py", rows=rows)  # fmt: skip
+                  rounds=args.rounds, command="python bench/bench_compile.py", rows=rows)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "compile.md").write_text(markdown(report))

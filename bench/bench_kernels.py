@@ -1,6 +1,6 @@
 """Speed of the compiled kernels and segment trees against their references, measured in one run.
 
-    python results/bench_kernels.py            # writes results/speed/kernels.md and kernels.json
+    python bench/bench_kernels.py            # writes results/speed/kernels.md and kernels.json
 
 GAE, TD(lambda) and n-step returns: Numba kernel vs the plain-Python reference (buffers/reference.py),
 ns per agent-step, median of repeats, at (T=128, E=16, A=3) and (T=1000, E=128, A=8).
@@ -25,11 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from host import cpu_name
 
 from buffers import MinTree, PrioritizedReplayBuffer, SumTree, kernels, reference
 from runtime.gru import gru_sequence, gru_sequence_reference
 
-OUT = Path(__file__).resolve().parent / "speed"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "speed"
 
 
 def timeit(fn, make_args, repeats):
@@ -173,14 +175,7 @@ def bench_gru(repeats):
 
 
 def machine():
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     import numba
 
     return dict(
@@ -264,7 +259,7 @@ def main():
     report = dict(
         date=date.today().isoformat(),
         commit=commit(),
-        command="python results/bench_kernels.py" + (" --quick" if args.quick else ""),
+        command="python bench/bench_kernels.py" + (" --quick" if args.quick else ""),
         machine=machine(),
         returns=bench_returns(rng, args.quick),
         trees=bench_trees(rng, 2000),

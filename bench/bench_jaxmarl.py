@@ -1,6 +1,6 @@
 """Our PPO scripts against JaxMARL's whole-program-compiled baselines, side by side on this machine, one thread each.
 
-    python results/bench_jaxmarl.py              # writes results/speed/jaxmarl.md and jaxmarl.json
+    python bench/bench_jaxmarl.py              # writes results/speed/jaxmarl.md and jaxmarl.json
 
 Two pairs, each at JaxMARL's own config and ours set to match it (16 envs x 128 steps, 4 epochs x 4 minibatches,
 gamma 0.99, value coefficient 0.5, gradient norm 0.5, no LayerNorm, no value normalization, plain squared value
@@ -34,7 +34,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from bench_train import _cpu
+from host import cpu_name
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def main():
     if not shutil.which(args.jaxmarl_python):
         raise SystemExit(f"no JaxMARL python at {args.jaxmarl_python}: install it as ../shared/peers/README.md says, "
                          "or pass --jaxmarl-python")  # fmt: skip
-    device = _cpu()
+    device = cpu_name()
     if args.cuda:
         import torch
 
@@ -109,7 +109,7 @@ def main():
             raise SystemExit("--cuda: no CUDA device here; run it on a machine with one, or leave out --cuda")
         device = f"{torch.cuda.get_device_name(0)} (host: {device})"
     report = {"date": str(date.today()), "cpu": device, "cores": os.cpu_count(), "load_before": os.getloadavg(),
-              "command": "python results/bench_jaxmarl.py " + " ".join(sys.argv[1:]), "pairs": {}}  # fmt: skip
+              "command": "python bench/bench_jaxmarl.py " + " ".join(sys.argv[1:]), "pairs": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.pairs.split(","):
             script, flags, peer, our_steps, their_steps = PAIRS[name]

@@ -1,6 +1,6 @@
 """COMA's counterfactual baseline: one batched critic pass against per-agent loops, measured in one run.
 
-    python results/bench_coma.py            # writes results/speed/coma_baseline.md and coma_baseline.json
+    python bench/bench_coma.py            # writes results/speed/coma_baseline.md and coma_baseline.json
 
 For a rollout of T x E steps and A agents with n actions, the advantage of every agent
 A^a = Q(s, u) - sum_a' pi^a(a') Q(s, (u^-a, a')) is computed three ways, on algos/coma.py's own critic:
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_train import _cpu
+from host import cpu_name
 
 from envs.api import GroupSpec
 
@@ -113,8 +113,8 @@ def main():
     child = [sys.executable, __file__, "--steps", str(args.steps), "--repeats", str(args.repeats), "--rows-only"]
     kept = json.loads(subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout)
     rows += [dict(row, allocator="large blocks kept") for row in kept]
-    report = dict(date=date.today().isoformat(), cpu=_cpu(), python=platform.python_version(),
-                  torch=torch.__version__, load_average=os.getloadavg(), command="python results/bench_coma.py",
+    report = dict(date=date.today().isoformat(), cpu=cpu_name(), python=platform.python_version(),
+                  torch=torch.__version__, load_average=os.getloadavg(), command="python bench/bench_coma.py",
                   rows=rows)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "coma_baseline.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,61 @@
+"""bench/: the checks of the benchmarks' own logic that need no timing (cuda_check.py on the CPU, bench_battle.py's
+agents and ratios); test_bench_update.py and test_bench_fused_mlp.py check what two of them count."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
+
+
+def test_cuda_check_trains_and_plays_back_each_checkpoint(tmp_path):
+    """bench/cuda_check.py's own path, without a GPU (--cpu): a trained script's last.pt played twice."""
+    cmd = [sys.executable, str(BENCH / "cuda_check.py"), "--cpu", "--algos", "dqn,mappo", "--workers", "2",
+           "--out", str(tmp_path / "cc")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "cc.json").read_text())["rows"]
+    assert [r["check"] for r in rows] == ["dqn", "mappo"]
+    for r in rows:
+        assert r["train_rc"] == 0 and "error" not in r
+        assert r["gpu_return"] is not None and r["gpu_return"] == r["cpu_return"]  # both sides on the CPU here
+    assert "| mappo |" in (tmp_path / "cc.md").read_text()
+
+
+def test_cuda_check_refuses_to_run_without_a_device_and_names_the_way_out(monkeypatch, capsys):
+    import cuda_check
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refusals = ((["--algos", "dqn"], "no CUDA device here: run it on a machine with one, or pass --cpu"),
+                (["--algos", "dqn,sarsa"], "unknown check"))  # fmt: skip
+    for argv, message in refusals:
+        monkeypatch.setattr(sys, "argv", ["cuda_check.py", *argv])
+        with pytest.raises(SystemExit) as e:
+            cuda_check.main()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err, err
+
+
+def test_bench_battle_counts_agents_as_magent2_places_them_and_reports_the_gpu_ratio(monkeypatch, capsys):
+    import bench_battle
+    import torch
+
+    assert [bench_battle.agents_a_side(m) for m in (45, 40)] == [81, 64]
+    run = dict(algo="ippo", malloc="heap only", agent_steps_per_s=0, peak_rss_gib=1, hours_for_2m=1, command="c")
+    report = dict(date="d", cpu="c", cores=16, gpu="G", workers=4, load_average_before=[0] * 3, load_average=[0] * 3,
+                  map_size=40, agents_a_side=64, max_cycles=400, command="x", steps=1,
+                  runs=[run | dict(device="cpu", sps=50.0), run | dict(device="G", sps=400.0)])  # fmt: skip
+    text = bench_battle.markdown(report)
+    assert "40 x 40 (64 agents a side)" in text and "ippo with `--cuda`: **8.0x**" in text
+    assert "| ippo | heap only | G | 400.0 |" in text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["bench_battle.py", "--cuda"])
+    with pytest.raises(SystemExit) as e:
+        bench_battle.main()
+    assert e.value.code == 2 and "--cuda: no CUDA device here" in capsys.readouterr().err

@@ -1,0 +1,89 @@
+"""probes/: the small studies behind the notes of results/ (what a team's messages carry, screens of a script's
+variants, the scripted ceiling of simple_v3)."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "probes"))
+
+import script_runs  # noqa: E402
+
+
+@pytest.mark.parametrize("env_id", ["simple_reference_v3", "simple_speaker_listener_v4"])
+def test_comm_probe_tells_a_communicating_team_from_a_random_one(env_id):
+    import comm_probe
+
+    env = comm_probe.make(env_id, num_envs=1, seed=0, backend="numba")
+    specs = dict(env.groups)
+    env.close()
+    rand = comm_probe.probe(*comm_probe.actors_of("random", env_id, specs, 300), 300)
+    talk = comm_probe.probe(*comm_probe.actors_of("scripted", env_id, specs, 300), 300)
+    assert abs(rand["reach"] - 1 / 3) < 0.07 and rand["symbol_bits"] < 0.01
+    assert talk["reach"] > 0.85 and talk["symbol_bits"] > 1.55 and talk["dist_target"] < talk["dist_other"] / 3
+    assert talk["return"] > rand["return"] + 10
+    assert len({symbol for symbol, _ in talk["code"]}) == 3 and min(share for _, share in talk["code"]) > 0.9
+    assert comm_probe.code(np.zeros(6, int), np.arange(6) % 3, 10) == [[0, 1.0]] * 3  # one symbol for every colour
+    x = np.repeat(np.arange(3), 100)  # a symbol that is the colour: log2(3) bits; one that ignores it: 0
+    assert comm_probe.mutual_information_bits(x, x, 10, 3) == pytest.approx(np.log2(3))
+    assert comm_probe.mutual_information_bits(np.zeros_like(x), x, 10, 3) == 0.0
+
+
+def test_comm_probe_reads_a_checkpoints_every_group(tmp_path, capsys):
+    """A speaker_listener checkpoint (two groups, continuous actions) plays through the probe's command, on the
+    final evaluation's episodes: its return is the run's own final-policy number."""
+    import comm_probe
+
+    script_runs.run_inline(capsys, "maddpg", "--env-id", "simple_speaker_listener_v4", "--num-envs", "2",
+                           "--total-timesteps", 200, "--learning-starts", 100, "--eval-interval", 0,
+                           "--final-eval-episodes", 20, "--run-dir", tmp_path)  # fmt: skip
+    comm_probe.main([str(tmp_path / "last.pt"), "--env-id", "simple_speaker_listener_v4", "--episodes", "20",
+                     "--out", str(tmp_path / "probe.json")])  # fmt: skip
+    rows = json.loads((tmp_path / "probe.json").read_text())
+    assert [r["algo"] for r in rows] == ["random", "scripted", "maddpg"]
+    assert 0 <= rows[2]["reach"] <= 1 and rows[2]["symbol_bits"] >= 0 and rows[2]["episodes"] == 20
+    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"]
+    assert rows[2]["return"] == pytest.approx(float(np.mean(final)), abs=1e-4)
+
+
+def test_comm_screens_given_speaker_sends_the_colour_each_agent_sees_and_keeps_its_moves():
+    import comm_screens
+
+    from envs import make
+
+    env = comm_screens.GivenSpeaker(make("simple_reference_v3", num_envs=4, seed=3, backend="numba"))
+    obs = env.reset()
+    seen = np.argmax(obs.obs["agent"][..., 8:11], -1)  # (E, 2)
+    step = env.step({"agent": np.full((4, 2), 4 + 5 * 7)})  # move +y, symbol 7: the symbol is replaced
+    heard = step.next.obs["agent"][..., 11:21]  # each agent hears its partner's symbol
+    assert (np.argmax(heard, -1) == seen[:, ::-1]).all() and (heard.max(-1) == 1).all()
+    assert (step.next.obs["agent"][..., 1] > 0).all()  # the move stayed the policy's: velocity +y
+    env.close()
+
+
+def test_comm_screens_factored_heads_are_a_product_of_a_move_and_a_symbol_distribution():
+    import comm_screens
+    import torch
+    from torch.distributions import Categorical
+
+    out = torch.randn(4, 2, 50)
+    joint = comm_screens.factored(out).probs.view(4, 2, 10, 5)  # index symbol * 5 + move
+    move, symbol = out[..., :5].softmax(-1), out[..., 5:15].softmax(-1)
+    torch.testing.assert_close(joint, symbol.unsqueeze(-1) * move.unsqueeze(-2))
+    entropy = comm_screens.factored(out).entropy()
+    torch.testing.assert_close(entropy, Categorical(probs=move).entropy() + Categorical(probs=symbol).entropy())
+
+
+def test_mpe_ceiling_controllers_walk_to_the_landmark_in_both_action_spaces():
+    import mpe_ceiling
+
+    for continuous in (False, True):
+        still = mpe_ceiling.play(0, 0, continuous, episodes=50)  # no force: the agent stays where it starts
+        walking = mpe_ceiling.play(8, 2, continuous, episodes=50)
+        assert walking > still / 2, (continuous, walking, still)
+    obs = np.array([[[0.0, 0.0, 0.3, -1.0]]], np.float32)  # landmark mostly below: push -y, or -y and some +x
+    assert mpe_ceiling.controller(obs, 8, 2, continuous=False).tolist() == [[3]]
+    np.testing.assert_allclose(mpe_ceiling.controller(obs, 8, 2, continuous=True)[0, 0], [0, 0, 1, 1, 0])
