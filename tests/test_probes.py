@@ -87,3 +87,22 @@ def test_mpe_ceiling_controllers_walk_to_the_landmark_in_both_action_spaces():
     obs = np.array([[[0.0, 0.0, 0.3, -1.0]]], np.float32)  # landmark mostly below: push -y, or -y and some +x
     assert mpe_ceiling.controller(obs, 8, 2, continuous=False).tolist() == [[3]]
     np.testing.assert_allclose(mpe_ceiling.controller(obs, 8, 2, continuous=True)[0, 0], [0, 0, 1, 1, 0])
+
+
+def test_spread_levels_scripted_controller_goes_to_its_own_landmark_and_beats_standing_still(tmp_path):
+    import spread_levels
+
+    # two agents at rest at (0, 0) and (1, 0); landmarks at (1, 0.5) and (0, -0.5): agent 0's nearest landmark is the
+    # second, and the assignment sends agent 1 up (+y, action 4) and agent 0 down (-y, action 3)
+    pos, marks = np.array([[0.0, 0.0], [1.0, 0.0]]), np.array([[1.0, 0.5], [0.0, -0.5]])
+    obs = np.zeros((1, 2, 12))
+    for i in range(2):
+        obs[0, i, 2:4] = pos[i]
+        obs[0, i, 4:8] = (marks - pos[i]).ravel()
+    assert spread_levels.scripted_actions(obs).tolist() == [[3, 4]]
+    obs[0, 0, 0:2] = [0.0, -3.0]  # moving fast toward its landmark already: it stops pushing (no-op), not overshoot
+    assert spread_levels.scripted_actions(obs)[0, 0] in (0, 4)
+    assert spread_levels.main(["--agents", "2", "--episodes", "6", "--out", str(tmp_path / "levels")]) == 0
+    row = json.loads((tmp_path / "levels.json").read_text())["rows"][0]
+    assert row["N"] == 2 and row["scripted"]["episodes"] == 6
+    assert row["scripted"]["mean"] > row["no-op"]["mean"] + 5 and row["scripted"]["mean"] > row["random"]["mean"] + 5
