@@ -35,14 +35,15 @@ The contract a script keeps (tests/test_repo.py and the script tests hold most o
   changed after checkpoints were written goes into `Args.BEFORE_FLAGS` (the value older checkpoints had).
 * `ALGO` and `NETWORK_FLAGS` as above; `Run(..., same_flags=(...))` names the other flags that a resumed run must
   keep (`--num-envs` always).
-* `make_greedy(num_envs, rng) -> act(obs, done) -> {group: actions}` plays greedily for the evaluations, and the
-  script's module-level `actor(...)` builds the same from a checkpoint (runtime/opponents.py imports the script that
-  wrote a checkpoint by its path and calls it: --opponent, --self-play, results/tournament.py).
+* `make_greedy(num_envs, rng) -> act(obs, done) -> {group: actions}` (the protocols `MakePolicy` and `Act` of
+  runtime/opponents.py) plays greedily for the evaluations, and the script's module-level `actor(...)` builds the
+  same from a checkpoint (runtime/opponents.py imports the script that wrote a checkpoint by its path and calls it:
+  --opponent, --self-play, results/tournament.py).
 * `Run` plays `--eval-checkpoint` instead of training (the script ends there, exit code 0), reloads `--resume`, and
   with `replay=` saves and reloads an off-policy buffer. Its optional flags are read by name when a script has them:
   `--save-buffer`, `--self-play`.
 * A non-finite loss raises `FloatingPointError` before the optimizer steps; losses are logged as `losses/<name>`
-  (results/compare_losses.py compares them between commits) and the speed as `charts/SPS`.
+  (bench/compare_losses.py compares them between commits) and the speed as `charts/SPS`.
 * The learning groups are `env.groups`: `make_env` acts for the frozen ones (--random-groups, --opponent,
   --self-play) and shows the script only the learners.
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,6 +29,21 @@ import torch
 from envs.api import Observation, StepResult, VecEnv
 from runtime.checkpoint import CheckpointError, non_finite, read_checkpoint
 from runtime.checks import ArgumentError
+
+
+class Act(Protocol):
+    """One step of a policy: the observation and the previous step's (E,) done mask (None at the first step; a policy
+    with hidden states zeroes those of the envs that were done) -> {group: actions as env.step takes them}."""
+
+    def __call__(self, obs: Observation, done: np.ndarray | None) -> dict[str, np.ndarray]: ...
+
+
+class MakePolicy(Protocol):
+    """A policy for `num_envs` envs from fresh hidden states, drawing its random choices from `rng`: what `Run`'s
+    `make_greedy` is, what a script's `actor(ckpt, group, spec, device, greedy)` returns, and what evaluations play."""
+
+    def __call__(self, num_envs: int, rng: np.random.Generator) -> Act: ...
+
 
 ALGOS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos")
 _modules: dict[str, object] = {}
@@ -66,7 +82,9 @@ def group_signature(spec) -> list:
     return [spec.n_agents, list(spec.obs_shape), spec.discrete, spec.action_dim]
 
 
-def load_actor(path: str, env_id: str, spec, source: str, device, greedy: bool = True, ckpt: dict | None = None):
+def load_actor(
+    path: str, env_id: str, spec, source: str, device, greedy: bool = True, ckpt: dict | None = None
+) -> MakePolicy:
     """Group `source` of the checkpoint at `path` (or the dict `ckpt`) as an actor for a group shaped `spec`:
     `make(num_envs, rng) -> act(obs, done) -> actions`, acting on `obs.obs[source]`. Every mismatch is one line."""
     ckpt = read_checkpoint(path) if ckpt is None else ckpt

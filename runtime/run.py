@@ -61,7 +61,8 @@ class Run:
         env: the training env (its signature is checked against a resumed checkpoint).
         nets, optimizers: name -> module / optimizer: what a checkpoint holds and --resume restores.
         rng: the script's numpy Generator (saved and restored with torch's RNG).
-        make_greedy: `(num_envs, rng) -> greedy(obs, done) -> actions`, for the evaluations.
+        make_greedy: a `runtime.opponents.MakePolicy`, `(num_envs, rng) -> act(obs, done) -> {group: actions}`, greedy:
+            the evaluations and --eval-checkpoint play it.
         network_flags: flags that shape the networks; a resumed checkpoint must have the same.
         same_flags: flags that shape the run (e.g. num_steps); --num-envs is always one.
         make_eval_env: `(num_envs, seed) -> env` (default: protocol v2's standard env with the script's flags).
