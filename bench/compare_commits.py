@@ -53,9 +53,13 @@ def last_sps(run_dir: Path) -> float:
 
 
 def compare(a: Path, b: Path, until: int) -> str:
+    """The losses of both runs up to `until`, or up to the last step the shorter run logged (a slow script may not
+    reach `until` in --seconds, and the two runs seldom stop at the same step)."""
     la, lb = losses(str(a), until), losses(str(b), until)
     if set(la) != set(lb) or not la:
         return f"different loss tags: {sorted(set(la) ^ set(lb))}"
+    common = min(max(s for v in run.values() for s, _ in v) for run in (la, lb))
+    la, lb = ({tag: [(s, x) for s, x in v if s <= common] for tag, v in run.items()} for run in (la, lb))
     n = 0
     for tag in sorted(la):
         if la[tag] != lb[tag]:

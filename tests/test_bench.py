@@ -59,3 +59,20 @@ def test_bench_battle_counts_agents_as_magent2_places_them_and_reports_the_gpu_r
     with pytest.raises(SystemExit) as e:
         bench_battle.main()
     assert e.value.code == 2 and "--cuda: no CUDA device here" in capsys.readouterr().err
+
+
+def test_compare_commits_compares_the_steps_both_runs_reached(tmp_path):
+    """A slow script stopped after --seconds reaches fewer steps in one run than in the other: the losses they share
+    decide (drqn's 118 and 98 points once read as 'differs'); a value that differs there still does."""
+    import compare_commits
+    from torch.utils.tensorboard import SummaryWriter
+
+    def run(name, values):
+        with SummaryWriter(str(tmp_path / name)) as w:
+            for step, v in enumerate(values):
+                w.add_scalar("losses/td_loss", v, step * 100)
+        return tmp_path / name
+
+    long, short = run("long", [1.0, 2.0, 3.0, 4.0]), run("short", [1.0, 2.0, 3.0])
+    assert compare_commits.compare(long, short, 10_000) == "identical (1 tags, 3 values, steps <= 200)"
+    assert "differs" in compare_commits.compare(long, run("other", [1.0, 2.5, 3.0]), 10_000)
