@@ -11,7 +11,8 @@ p' = p + v dt, then v' = 0.75 v + 0.5 u (damping 0.25, sensitivity 5, dt 0.1, ma
 agent that stops pushing coasts sum_k 0.75^k v' dt = 0.4 v' further: the action u is chosen on p + v dt + 0.4 v'(u).
 Agents see every position in simple_spread, so the controller uses only what each agent observes (agent 0's view of
 the landmarks makes the assignment every agent would make). Collisions are not avoided: the assignment keeps agents
-apart except on their way.
+apart except on their way. The `nearest` controller is the same without the assignment (each agent heads for its own
+nearest landmark): the gap between the two is what coordination is worth at each N.
 """
 
 import argparse
@@ -32,21 +33,26 @@ from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate  # noqa: E40
 
 PUSH = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.float64)  # mpe2's discrete actions 0-4 as forces
 DT, DECAY, GAIN, COAST = 0.1, 0.75, 0.5, 0.4  # dt; velocity kept per step; velocity per unit push; coasting / v'
+POLICIES = ("scripted", "nearest", "no-op", "random")
 
 
-def scripted_actions(obs: np.ndarray) -> np.ndarray:
-    """(E, N, 6N) simple_spread observations -> (E, N) discrete actions of the scripted controller."""
+def scripted_actions(obs: np.ndarray, assign: bool = True) -> np.ndarray:
+    """(E, N, 6N) simple_spread observations -> (E, N) discrete actions of the scripted controller.
+
+    assign=False is the controller without coordination: each agent heads for its own nearest landmark.
+    """
     E, N, _ = obs.shape
     vel, pos = obs[..., 0:2], obs[..., 2:4]
     landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)  # agent 0's view, absolute (E, N, 2)
-    actions = np.zeros((E, N), np.int64)
-    for e in range(E):
-        dist = np.linalg.norm(pos[e][:, None] - landmarks[e][None], axis=-1)  # (agents, landmarks)
-        agents, goals = linear_sum_assignment(dist)
-        target = landmarks[e][goals[np.argsort(agents)]]  # (N, 2): each agent's landmark
-        stops = pos[e][:, None] + vel[e][:, None] * DT + COAST * (DECAY * vel[e][:, None] + GAIN * PUSH[None])
-        actions[e] = np.linalg.norm(stops - target[:, None], axis=-1).argmin(-1)  # (N, 5 candidate pushes)
-    return actions
+    dist = np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)  # (E, agents, landmarks)
+    if assign:
+        goals = np.stack([linear_sum_assignment(d)[1] for d in dist])  # rows come back in agent order
+    else:
+        goals = dist.argmin(-1)
+    target = np.take_along_axis(landmarks, goals[..., None], axis=1)  # (E, N, 2): each agent's landmark
+    v = vel[:, :, None]
+    stops = pos[:, :, None] + v * DT + COAST * (DECAY * v + GAIN * PUSH)  # (E, N, 5 candidate pushes, 2)
+    return np.linalg.norm(stops - target[:, :, None], axis=-1).argmin(-1)
 
 
 def policy(name: str, group: str):
@@ -55,8 +61,8 @@ def policy(name: str, group: str):
     def make(num_envs, rng):
         def act(obs, done):
             o = obs.obs[group]
-            if name == "scripted":
-                return {group: scripted_actions(o)}
+            if name in ("scripted", "nearest"):
+                return {group: scripted_actions(o, assign=name == "scripted")}
             if name == "no-op":
                 return {group: np.zeros(o.shape[:2], np.int64)}
             return {group: rng.integers(0, 5, o.shape[:2])}
@@ -88,7 +94,7 @@ def main(argv=None):
         group = next(iter(probe.groups))
         probe.close()
         row = {"N": n}
-        for name in ("scripted", "no-op", "random"):
+        for name in POLICIES:
             returns, _ = evaluate(make_env, policy(name, group), args.episodes, FINAL_SEED)
             row[name] = {"mean": float(returns.mean()), "std": float(returns.std()), "episodes": len(returns)}
             print(f"N={n} {name}: {returns.mean():.2f} ± {returns.std():.2f}", flush=True)
@@ -97,18 +103,18 @@ def main(argv=None):
     report = {"date": date.today().isoformat(), "command": command, "env_id": "simple_spread_v3",
               "protocol": "v2", "seed": FINAL_SEED, "rows": rows}  # fmt: skip
     lines = [
-        "# simple_spread_v3 at N agents: the scripted, standing-still and random levels",
+        "# simple_spread_v3 at N agents: the scripted, nearest-landmark, standing-still and random levels",
         "",
         f"`{command}` ({report['date']}): each policy on the first {args.episodes} episodes of protocol v2's fixed "
         f"set (env i seeded {FINAL_SEED} + i) of mpe2's simple_spread_v3 with `--env-kwargs '{{\"N\": n}}'`; the "
         "return is the mean over agents of each agent's summed reward, as every row of results/ reports it "
         "(mean ± std over episodes). The scripted controller is this probe's docstring.",
         "",
-        "| N | scripted | no-op (stand still) | random |",
-        "|---:|---:|---:|---:|",
+        "| N | scripted | nearest landmark (no assignment) | no-op (stand still) | random |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        cells = [f"{r[k]['mean']:.2f} ± {r[k]['std']:.2f}" for k in ("scripted", "no-op", "random")]
+        cells = [f"{r[k]['mean']:.2f} ± {r[k]['std']:.2f}" for k in POLICIES]
         lines.append(f"| {r['N']} | " + " | ".join(cells) + " |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

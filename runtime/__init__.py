@@ -1,32 +1,72 @@
-"""The run around an algorithm script: everything in `algos/*.py` that is not the algorithm.
+"""The run around an algorithm script: everything in `algos/*.py` that is not the algorithm. A whole script:
 
-    from runtime import MultiAgentArgs, Run, check_args, cli, make_env, setup
+    from dataclasses import dataclass
 
-    ALGO = "myalgo"                      # the script's name: checkpoints of another algorithm are refused
-    NETWORK_FLAGS = ("hidden_size",)     # flags that shape the networks: a checkpoint must match them
+    import numpy as np
+    import torch
+
+    from runtime import Categorical, MultiAgentArgs, Run, adam, check_args, cli, make_env, optimize, setup
+
+    ALGO = "example"  # the script's name: checkpoints of another algorithm are refused
+    NETWORK_FLAGS = ()  # flags that shape the networks, e.g. ("hidden_size",): a checkpoint must match them
+
 
     @dataclass
-    class Args(MultiAgentArgs):          # --env-id, --seed, --total-timesteps, ... come from here
-        learning_rate: float = 7e-4
-        '''Adam learning rate'''         # a field's docstring is its --help line
+    class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, ... come from here
+        learning_rate: float = 1e-3
+        '''Adam learning rate'''  # a field's docstring is its --help line
+
+
+    def policy(spec):  # the networks: one linear layer per group, observation -> action logits
+        return torch.nn.Linear(int(np.prod(spec.obs_shape)), spec.action_dim)
+
+
+    def acting(nets, greedy=True):  # make(num_envs, rng) -> act(obs, done) -> {group: actions} (MakePolicy, Act)
+        def make(num_envs, rng):
+            def act(obs, done):
+                with torch.no_grad():
+                    d = {g: Categorical(net(torch.as_tensor(obs.obs[g]).flatten(2))) for g, net in nets.items()}
+                return {g: (d[g].mode if greedy else d[g].sample()).numpy() for g in d}
+
+            return act
+
+        return make
+
 
     def main(args):
-        check_args(args, (rule, "message"), ...)      # every flag, before any work
-        device, rng = setup(args)                      # threads, seeds, device
-        env = make_env(args, args.num_envs, args.seed)
-        ...networks, optimizers, buffers...
-        run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS)
-        with run:                                      # Ctrl-C / SIGTERM / NaN: last.pt stays sound
-            while run.global_step < args.total_timesteps:
-                ...act, step, store, update, log...
-                run.step(global_step, iteration=it)    # progress, evaluation, periodic last.pt, stop requests
-        run.finish()                                   # last evaluation, last.pt, the final 1000 episodes, DONE
+        check_args(args)  # every flag by the rules of its name; a script's own rules as (ok, message) pairs
+        device, rng = setup(args)  # threads, seeds, device
+        env = make_env(args, args.num_envs, args.seed)  # the learning groups are env.groups
+        nets = {g: policy(spec) for g, spec in env.groups.items()}
+        optimizers = {g: adam(nets[g].parameters(), args.learning_rate) for g in nets}
+        run = Run(args, ALGO, env, nets, optimizers, rng, acting(nets), network_flags=NETWORK_FLAGS)
+        global_step, obs = run.global_step, env.reset()
+        with run:  # Ctrl-C / SIGTERM / NaN: last.pt stays sound
+            while global_step < args.total_timesteps:
+                logits = {g: net(torch.as_tensor(obs.obs[g]).flatten(2)) for g, net in nets.items()}
+                actions = {g: Categorical(x).sample() for g, x in logits.items()}
+                step = env.step({g: a.numpy() for g, a in actions.items()})
+                global_step += args.num_envs
+                for g, x in logits.items():  # the algorithm: here a policy gradient on the immediate reward
+                    reward = torch.as_tensor(step.rewards[g])
+                    optimize(-(Categorical(x).log_prob(actions[g]) * reward).mean(), optimizers[g])
+                run.log_episodes(step.episodes, global_step)
+                obs = step.next
+                run.step(global_step)  # progress, evaluation, periodic last.pt, stop requests
+        run.finish()  # last evaluation, last.pt, the final 1000 episodes, DONE
+        env.close()
+
 
     def actor(ckpt, group, spec, device, greedy=True):  # a checkpoint's group as an opponent (runtime/opponents.py)
-        ...
+        net = policy(spec)
+        net.load_state_dict(ckpt["nets"][group])
+        return acting({group: net}, greedy)
+
 
     if __name__ == "__main__":
         cli(Args, main)
+
+(tests/test_layer.py writes this example to a file and runs it: it trains, evaluates, reloads and plays.)
 
 The contract a script keeps (tests/test_repo.py and the script tests hold most of it):
 * `Args` is a dataclass of `MultiAgentArgs` (or `RunArgs` for a Gymnasium script); a flag with a choice of values is

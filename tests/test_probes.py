@@ -102,7 +102,80 @@ def test_spread_levels_scripted_controller_goes_to_its_own_landmark_and_beats_st
     assert spread_levels.scripted_actions(obs).tolist() == [[3, 4]]
     obs[0, 0, 0:2] = [0.0, -3.0]  # moving fast toward its landmark already: it stops pushing (no-op), not overshoot
     assert spread_levels.scripted_actions(obs)[0, 0] in (0, 4)
+    # without the assignment both agents head for (0.5, 0.1), the landmark nearest each: agent 0 right, agent 1 left
+    obs[0, 0, 0:2] = 0.0
+    marks = np.array([[0.5, 0.1], [5.0, -5.0]])
+    for i in range(2):
+        obs[0, i, 4:8] = (marks - pos[i]).ravel()
+    assert spread_levels.scripted_actions(obs, assign=False).tolist() == [[2, 1]]
+    assert spread_levels.scripted_actions(obs).tolist()[0] != [2, 1]
     assert spread_levels.main(["--agents", "2", "--episodes", "6", "--out", str(tmp_path / "levels")]) == 0
     row = json.loads((tmp_path / "levels.json").read_text())["rows"][0]
     assert row["N"] == 2 and row["scripted"]["episodes"] == 6
+    assert row["nearest"]["episodes"] == 6 and row["nearest"]["mean"] > row["no-op"]["mean"]
     assert row["scripted"]["mean"] > row["no-op"]["mean"] + 5 and row["scripted"]["mean"] > row["random"]["mean"] + 5
+
+
+def spread_obs(agents, landmarks, vel=None):
+    """simple_spread observations (1, N, 6N) of agents and landmarks at these absolute positions."""
+    agents, landmarks = np.asarray(agents, float), np.asarray(landmarks, float)
+    N = len(agents)
+    obs = np.zeros((1, N, 6 * N))
+    for i in range(N):
+        obs[0, i, 0:2] = 0.0 if vel is None else vel[i]
+        obs[0, i, 2:4] = agents[i]
+        obs[0, i, 4 : 4 + 2 * N] = (landmarks - agents[i]).ravel()
+    return obs
+
+
+def test_spread_behaviour_measures_covered_claimed_and_centroid():
+    import spread_behaviour
+
+    # three agents: two on landmark 0 (one exactly, one 0.1 away), one far from everything
+    obs = spread_obs([[0, 0], [0.1, 0], [3, 3]], [[0, 0], [1, 0], [0, 1]], vel=[[0, 0], [0, 0], [0.3, 0.4]])
+    m = spread_behaviour.measures(obs, radius=0.15)
+    assert m["covered"] == 1 and m["claimed"] == 2  # agent 2's nearest is landmark 1 or 2: two distinct in all
+    assert m["landmark_distance"] == pytest.approx((0 + 0.9 + 1.0) / 3)
+    assert m["speed"] == pytest.approx(0.5 / 3)
+    assert m["to_centroid"] == pytest.approx(np.linalg.norm(np.array([[0, 0], [0.1, 0], [3, 3]]) - [1 / 3, 1 / 3],
+                                                            axis=1).mean())  # fmt: skip
+    assert spread_behaviour.main(["--agents", "2", "--policy", "scripted", "--episodes", "4"]) == 0
+    with pytest.raises(SystemExit):
+        spread_behaviour.main(["--agents", "2", "--policy", "greedy"])
+
+
+def test_spread_credit_difference_rewards_pay_each_agent_what_it_adds_to_the_team():
+    import spread_credit
+
+    import envs
+
+    # landmarks at (0, 0) and (1, 0); agent 0 on the first, agent 1 at (1, 1): G = -(0 + 1); without agent 0 the
+    # first landmark's nearest is agent 1 (sqrt 2 away), without agent 1 the second's is agent 0 (1 away), as it was
+    team, without = spread_credit.team_terms(spread_obs([[0, 0], [1, 1]], [[0, 0], [1, 0]]))
+    assert team.tolist() == [-1.0]
+    np.testing.assert_allclose(without, [[-(2**0.5) - 1, -1.0]])
+    # the one-to-one assignment of least total distance: agent 0 to (0, 0), agent 1 to (1, 0) (0 + 1 < sqrt 2 + 1);
+    # then with agents at (0.9, 0) and (1, 0), agent 0 goes to (0, 0) though its nearest landmark is (1, 0)
+    np.testing.assert_allclose(
+        spread_credit.assigned_distances(spread_obs([[0, 0], [1, 1]], [[0, 0], [1, 0]])), [[0, 1]]
+    )
+    np.testing.assert_allclose(spread_credit.assigned_distances(spread_obs([[0.9, 0], [1, 0]], [[0, 0], [1, 0]])),
+                               [[0.9, 0]])  # fmt: skip  # D_0 = sqrt 2, D_1 = 0: agent 1 adds nothing
+    # on the compiled env: r_i - G / 2 is agent i's collisions (multiples of -1/2), and the shaped reward is
+    # r_i - G_-i / 2 = D_i / 2 + L_i / 2 with D_i = G - G_-i >= 0
+    env = envs.make("simple_spread_v3", 32, 0, backend="numba", N=4)
+    shaped = spread_credit.ShapedRewards(envs.make("simple_spread_v3", 32, 0, backend="numba", N=4))
+    assigned = spread_credit.ShapedRewards(envs.make("simple_spread_v3", 32, 0, backend="numba", N=4), "assigned")
+    g, rng = next(iter(env.groups)), np.random.default_rng(0)
+    env.reset(), shaped.reset(), assigned.reset()
+    for _ in range(30):
+        actions = {g: rng.integers(0, 5, (32, 4))}
+        plain, step, dense = env.step(actions), shaped.step(actions), assigned.step(actions)
+        team, without = spread_credit.team_terms(plain.final.obs[g])
+        collisions = plain.rewards[g] - team[:, None] / 2
+        np.testing.assert_allclose(collisions * 2, np.round(collisions * 2), atol=1e-4)
+        np.testing.assert_allclose(step.rewards[g], (team[:, None] - without) / 2 + collisions, atol=1e-4)
+        assert (team[:, None] - without >= -1e-9).all()
+        mine = spread_credit.assigned_distances(plain.final.obs[g])
+        np.testing.assert_allclose(dense.rewards[g], collisions - 4 * mine / 2, atol=1e-4)
+    env.close(), shaped.close(), assigned.close()

@@ -133,7 +133,14 @@ def test_imports_go_one_way_inside_every_folder():
 PIPELINE = {"run.py", "collect.py", "make_readme.py", "eval_final.py", "crossplay.py", "tournament.py"}
 DATA = {".json", ".md", ".png", ".pt"}
 BENCH_HELPERS = {"host.py", "compare_losses.py"}  # imported by the benchmarks; they write no table themselves
-PROBES = {"comm_probe.py", "comm_screens.py", "mpe_ceiling.py", "spread_levels.py"}
+PROBES = {
+    "comm_probe.py",
+    "comm_screens.py",
+    "mpe_ceiling.py",
+    "spread_levels.py",
+    "spread_behaviour.py",
+    "spread_credit.py",
+}
 
 
 def repository_files() -> list[Path]:
