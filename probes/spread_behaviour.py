@@ -3,6 +3,7 @@ diagnosis of issue 46 (more agents).
 
     python probes/spread_behaviour.py --agents 6 --checkpoint results/runs/simple_spread_v3/mappo-n6/seed0/last.pt
     python probes/spread_behaviour.py --agents 6 --policy scripted      # or nearest, no-op (probes/spread_levels.py)
+    python probes/spread_behaviour.py --agents 6 --relations --checkpoint <a run of probes/spread_inputs.py>/last.pt
 
 Each policy plays greedily the first --episodes episodes of protocol v2's fixed set on mpe2's own env. Where the
 last step (25 of 25) left the agents it reports, averaged over episodes:
@@ -27,9 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "probes"))
 
+from spread_inputs import WithRelations  # noqa: E402
 from spread_levels import policy as scripted_policy  # noqa: E402
 
 from runtime.args import MultiAgentArgs, make_eval_env  # noqa: E402  (the checkout's own layer)
+from runtime.checkpoint import CheckpointError  # noqa: E402
 from runtime.evaluation import FINAL_SEED  # noqa: E402
 from runtime.opponents import load_actor  # noqa: E402
 
@@ -55,9 +58,16 @@ def measures(obs: np.ndarray, radius: float) -> dict:
     }
 
 
-def behaviour(make_policy, n: int, episodes: int, radius: float) -> dict:
+def standard_env(n: int, num_envs: int, seed: int, relations: bool = False):
+    """mpe2's simple_spread_v3 with N agents (protocol v2's env), its observations extended as probes/spread_inputs.py
+    extends them if `relations`."""
+    env = make_eval_env(MultiAgentArgs(env_id=ENV_ID, env_kwargs=json.dumps({"N": n})), num_envs, seed)
+    return WithRelations(env) if relations else env
+
+
+def behaviour(make_policy, n: int, episodes: int, radius: float, relations: bool = False) -> dict:
     """Play `episodes` fixed episodes at once (one per env) and measure where their last step left the agents."""
-    env = make_eval_env(MultiAgentArgs(env_id=ENV_ID, env_kwargs=json.dumps({"N": n})), episodes, FINAL_SEED)
+    env = standard_env(n, episodes, FINAL_SEED, relations)
     group = next(iter(env.groups))
     act = make_policy(episodes, np.random.default_rng(0))
     obs, done, returns = env.reset(), None, np.zeros(episodes)
@@ -66,7 +76,7 @@ def behaviour(make_policy, n: int, episodes: int, radius: float) -> dict:
             step = env.step(act(obs, done))
             returns += step.rewards[group].mean(-1)
             obs, done = step.next, step.done
-    seen = step.final.obs[group]  # the observation the last step reached, before the reset
+    seen = step.final.obs[group][..., : 6 * n]  # what the last step reached, before the reset (without relations)
     env.close()
     return {"return": float(returns.mean()), **measures(seen, radius)}
 
@@ -78,6 +88,7 @@ def main(argv=None):
     parser.add_argument("--policy", action="append", default=[], help="scripted, nearest or no-op (repeatable)")
     parser.add_argument("--episodes", type=int, default=200, help="of protocol v2's fixed set (first K)")
     parser.add_argument("--radius", type=float, default=0.15, help="a landmark is covered with an agent this near")
+    parser.add_argument("--relations", action="store_true", help="checkpoints of probes/spread_inputs.py")
     args = parser.parse_args(argv)
     if args.agents < 1 or args.episodes < 1 or args.radius <= 0:
         parser.error("--agents and --episodes must be >= 1 and --radius > 0")
@@ -85,15 +96,20 @@ def main(argv=None):
         parser.error(f"--policy {bad[0]!r}: expected scripted, nearest or no-op")
     if not args.checkpoint and not args.policy:
         parser.error("give at least one --checkpoint or --policy")
-    probe = make_eval_env(MultiAgentArgs(env_id=ENV_ID, env_kwargs=json.dumps({"N": args.agents})), 1, 0)
+    probe = standard_env(args.agents, 1, 0, args.relations)
     spec = next(iter(probe.groups.values()))
     probe.close()
     rows = {}
     for name in args.policy:
-        rows[name] = behaviour(scripted_policy(name, spec.name), args.agents, args.episodes, args.radius)
+        rows[name] = behaviour(
+            scripted_policy(name, spec.name), args.agents, args.episodes, args.radius, args.relations
+        )
     for path in args.checkpoint:
-        make = load_actor(path, ENV_ID, spec, spec.name, torch.device("cpu"))
-        rows[path] = behaviour(make, args.agents, args.episodes, args.radius)
+        try:
+            make = load_actor(path, ENV_ID, spec, spec.name, torch.device("cpu"))
+        except (CheckpointError, OSError) as e:
+            parser.error(str(e))
+        rows[path] = behaviour(make, args.agents, args.episodes, args.radius, args.relations)
     keys = list(next(iter(rows.values())))
     print(f"simple_spread_v3 N={args.agents}, {args.episodes} fixed episodes, at the end of the episode:")
     print("| policy | " + " | ".join(keys) + " |")

@@ -23,6 +23,10 @@ every agent, not only the one nearest a landmark, is paid for every step it clos
 and the optimizer can learn the coordinated behaviour when the reward points at it: if they can, the obstacle is the
 task's reward (a landmark pays only its nearest agent, so the others learn nothing from approaching it), not what the
 policy can represent.
+
+`--reward nearest` is the sanity check below both: each agent paid for closing in on its own nearest landmark, a
+function of its own observation alone (the least of N distances) that ignores the others. A learner that cannot
+learn even this at N agents has a problem that is neither credit nor coordination.
 """
 
 import sys
@@ -43,31 +47,35 @@ LOCAL_RATIO = 0.5  # mpe2 simple_spread_v3's default
 REWARD = "difference"  # --reward
 
 
+def distances(obs: np.ndarray) -> np.ndarray:
+    """(E, N, 6N) simple_spread observations -> (E, agents, landmarks) distances, from the agents' positions and agent
+    0's view of the landmarks."""
+    E, N, _ = obs.shape
+    pos = obs[..., 2:4]
+    landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)  # absolute (E, N, 2)
+    return np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)
+
+
 def team_terms(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(E, N, 6N) observations -> G (E,) and G_{-i} (E, N): minus the summed distance of each landmark to its nearest
     agent, with every agent, and with every agent but i."""
-    E, N, _ = obs.shape
-    pos = obs[..., 2:4]
-    landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)  # agent 0's view, absolute (E, N, 2)
-    dist = np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)  # (E, agents, landmarks)
+    dist = distances(obs)
     team = -dist.min(1).sum(-1)
-    without = np.stack([-np.delete(dist, i, axis=1).min(1).sum(-1) for i in range(N)], axis=1)
+    without = np.stack([-np.delete(dist, i, axis=1).min(1).sum(-1) for i in range(dist.shape[1])], axis=1)
     return team, without
 
 
 def assigned_distances(obs: np.ndarray) -> np.ndarray:
     """(E, N, 6N) observations -> (E, N): each agent's distance to its landmark under the one-to-one assignment of
     least total distance (the scripted controller's, probes/spread_levels.py)."""
-    E, N, _ = obs.shape
-    pos = obs[..., 2:4]
-    landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)
-    dist = np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)
-    return np.stack([d[np.arange(N), linear_sum_assignment(d)[1]] for d in dist])
+    dist = distances(obs)
+    return np.stack([d[np.arange(len(d)), linear_sum_assignment(d)[1]] for d in dist])
 
 
 class ShapedRewards:
     """The training env, each agent's r_i = (1 - c) G + c L_i turned into (1 - c) D_i + c L_i = r_i - (1 - c) G_{-i}
-    (`difference`), or into -(1 - c) N d_i + c L_i (`assigned`), d_i agent i's distance to its assigned landmark."""
+    (`difference`), or into -(1 - c) N d_i + c L_i with d_i agent i's distance to its assigned landmark (`assigned`)
+    or to its nearest landmark (`nearest`)."""
 
     def __init__(self, env, reward: str = "difference"):
         self.env, self.reward = env, reward
@@ -80,11 +88,13 @@ class ShapedRewards:
         for g, r in step.rewards.items():
             final = step.final.obs[g]  # the state this step reached, before any reset
             team, without = team_terms(final)
+            collisions = r - (1 - LOCAL_RATIO) * team[:, None]
             if self.reward == "difference":
                 shaped = r - (1 - LOCAL_RATIO) * without
-            else:
-                collisions = r - (1 - LOCAL_RATIO) * team[:, None]
+            elif self.reward == "assigned":
                 shaped = collisions - (1 - LOCAL_RATIO) * final.shape[1] * assigned_distances(final)
+            else:  # nearest
+                shaped = collisions - (1 - LOCAL_RATIO) * final.shape[1] * distances(final).min(-1)
             step.rewards[g] = shaped.astype(r.dtype)
         return step
 
@@ -94,7 +104,6 @@ def make_shaped_env(args, num_envs, seed, **kwargs):
 
 
 ORIGINAL_MAKE_ENV = mappo.make_env
-mappo.make_env = make_shaped_env  # only mappo.main's training env: evaluation builds its own, unshaped
 
 if __name__ == "__main__":
     if any(a.startswith("--env-id") or a.startswith("--env_id") for a in sys.argv[1:]):
@@ -103,7 +112,8 @@ if __name__ == "__main__":
         at = sys.argv.index("--reward")
         REWARD = sys.argv[at + 1] if at + 1 < len(sys.argv) else ""
         del sys.argv[at : at + 2]
-    if REWARD not in ("difference", "assigned"):
-        sys.exit(f"error: --reward {REWARD!r}: expected difference or assigned")
+    if REWARD not in ("difference", "assigned", "nearest"):
+        sys.exit(f"error: --reward {REWARD!r}: expected difference, assigned or nearest")
     sys.argv[1:1] = ["--env-id", "simple_spread_v3"]
+    mappo.make_env = make_shaped_env  # only mappo.main's training env: evaluation builds its own, unshaped
     cli(mappo.Args, mappo.main)

@@ -137,9 +137,11 @@ def test_spread_behaviour_measures_covered_claimed_and_centroid():
     assert m["covered"] == 1 and m["claimed"] == 2  # agent 2's nearest is landmark 1 or 2: two distinct in all
     assert m["landmark_distance"] == pytest.approx((0 + 0.9 + 1.0) / 3)
     assert m["speed"] == pytest.approx(0.5 / 3)
-    assert m["to_centroid"] == pytest.approx(np.linalg.norm(np.array([[0, 0], [0.1, 0], [3, 3]]) - [1 / 3, 1 / 3],
-                                                            axis=1).mean())  # fmt: skip
+    assert m["to_centroid"] == pytest.approx(
+        np.linalg.norm(np.array([[0, 0], [0.1, 0], [3, 3]]) - [1 / 3, 1 / 3], axis=1).mean()
+    )
     assert spread_behaviour.main(["--agents", "2", "--policy", "scripted", "--episodes", "4"]) == 0
+    assert spread_behaviour.main(["--agents", "2", "--relations", "--policy", "nearest", "--episodes", "4"]) == 0
     with pytest.raises(SystemExit):
         spread_behaviour.main(["--agents", "2", "--policy", "greedy"])
 
@@ -153,24 +155,30 @@ def test_spread_credit_difference_rewards_pay_each_agent_what_it_adds_to_the_tea
     # first landmark's nearest is agent 1 (sqrt 2 away), without agent 1 the second's is agent 0 (1 away), as it was
     team, without = spread_credit.team_terms(spread_obs([[0, 0], [1, 1]], [[0, 0], [1, 0]]))
     assert team.tolist() == [-1.0]
-    np.testing.assert_allclose(without, [[-(2**0.5) - 1, -1.0]])
+    np.testing.assert_allclose(without, [[-(2**0.5) - 1, -1.0]])  # D_0 = sqrt 2, D_1 = 0: agent 1 adds nothing
     # the one-to-one assignment of least total distance: agent 0 to (0, 0), agent 1 to (1, 0) (0 + 1 < sqrt 2 + 1);
     # then with agents at (0.9, 0) and (1, 0), agent 0 goes to (0, 0) though its nearest landmark is (1, 0)
     np.testing.assert_allclose(
         spread_credit.assigned_distances(spread_obs([[0, 0], [1, 1]], [[0, 0], [1, 0]])), [[0, 1]]
     )
-    np.testing.assert_allclose(spread_credit.assigned_distances(spread_obs([[0.9, 0], [1, 0]], [[0, 0], [1, 0]])),
-                               [[0.9, 0]])  # fmt: skip  # D_0 = sqrt 2, D_1 = 0: agent 1 adds nothing
+    np.testing.assert_allclose(
+        spread_credit.assigned_distances(spread_obs([[0.9, 0], [1, 0]], [[0, 0], [1, 0]])), [[0.9, 0]]
+    )
+
     # on the compiled env: r_i - G / 2 is agent i's collisions (multiples of -1/2), and the shaped reward is
     # r_i - G_-i / 2 = D_i / 2 + L_i / 2 with D_i = G - G_-i >= 0
-    env = envs.make("simple_spread_v3", 32, 0, backend="numba", N=4)
-    shaped = spread_credit.ShapedRewards(envs.make("simple_spread_v3", 32, 0, backend="numba", N=4))
-    assigned = spread_credit.ShapedRewards(envs.make("simple_spread_v3", 32, 0, backend="numba", N=4), "assigned")
+    def make():
+        return envs.make("simple_spread_v3", 32, 0, backend="numba", N=4)
+
+    env = make()
+    rewards = {name: spread_credit.ShapedRewards(make(), name) for name in ("difference", "assigned", "nearest")}
     g, rng = next(iter(env.groups)), np.random.default_rng(0)
-    env.reset(), shaped.reset(), assigned.reset()
+    for e in (env, *rewards.values()):
+        e.reset()
     for _ in range(30):
         actions = {g: rng.integers(0, 5, (32, 4))}
-        plain, step, dense = env.step(actions), shaped.step(actions), assigned.step(actions)
+        plain = env.step(actions)
+        step, dense, near = (rewards[name].step(actions) for name in ("difference", "assigned", "nearest"))
         team, without = spread_credit.team_terms(plain.final.obs[g])
         collisions = plain.rewards[g] - team[:, None] / 2
         np.testing.assert_allclose(collisions * 2, np.round(collisions * 2), atol=1e-4)
@@ -178,4 +186,84 @@ def test_spread_credit_difference_rewards_pay_each_agent_what_it_adds_to_the_tea
         assert (team[:, None] - without >= -1e-9).all()
         mine = spread_credit.assigned_distances(plain.final.obs[g])
         np.testing.assert_allclose(dense.rewards[g], collisions - 4 * mine / 2, atol=1e-4)
-    env.close(), shaped.close(), assigned.close()
+        own = spread_credit.distances(plain.final.obs[g]).min(-1)
+        np.testing.assert_allclose(near.rewards[g], collisions - 4 * own / 2, atol=1e-4)
+        assert (own <= mine + 1e-9).all()
+    for e in (env, *rewards.values()):
+        e.close()
+
+
+def test_spread_inputs_append_each_landmarks_own_and_nearest_other_distance():
+    import spread_inputs
+
+    import envs
+
+    # agents at (0, 0), (1, 1), (3, 0); landmarks at (0, 0) and (1, 0)
+    rel = spread_inputs.relations(spread_obs([[0, 0], [1, 1], [3, 0]], [[0, 0], [1, 0], [2, 0]]))
+    np.testing.assert_allclose(rel[0, 0], [0, 1, 2, 2**0.5, 1, 1])  # own distances; then the nearest other's
+    np.testing.assert_allclose(rel[0, 1], [2**0.5, 1, 2**0.5, 0, 1, 1])
+    env = spread_inputs.WithRelations(envs.make("simple_spread_v3", 4, 0, backend="numba", N=3))
+    spec = env.groups["agent"]
+    assert spec.obs_shape == (18 + 6,) and env.state_shape == (3 * 24,)
+    obs = env.reset()
+    assert obs.obs["agent"].shape == (4, 3, 24) and obs.state.shape == (4, 72)
+    step = env.step({"agent": np.zeros((4, 3), np.int64)})
+    np.testing.assert_allclose(
+        step.next.obs["agent"][..., 18:], spread_inputs.relations(step.next.obs["agent"][..., :18])
+    )
+    np.testing.assert_array_equal(step.next.state, step.next.obs["agent"].reshape(4, -1))
+    env.close()
+
+
+def test_spread_encoder_ignores_the_order_of_landmarks_and_of_other_agents_and_trains(tmp_path):
+    import spread_encoder
+    import torch
+
+    torch.manual_seed(0)
+    enc = spread_encoder.Entities(3, 3, 16)
+    x = torch.randn(5, 3, 18 + 3)
+    landmarks, others = [4, 5, 6, 7, 8, 9], [10, 11, 12, 13]
+    swapped = x.clone()
+    swapped[..., landmarks] = x[..., [8, 9, 4, 5, 6, 7]]  # landmark order 2, 0, 1
+    swapped[..., others] = x[..., [12, 13, 10, 11]]
+    torch.testing.assert_close(enc(swapped), enc(x), rtol=1e-5, atol=1e-5)
+    moved = x.clone()
+    moved[..., 4] += 1.0  # a landmark elsewhere: another output
+    assert (enc(moved) - enc(x)).abs().max() > 1e-3
+    seconds = spread_encoder.cost(n_agents=2, envs=4, steps=5, repeats=1)
+    assert seconds["encoder"] > 0 and seconds["plain"] > 0
+
+
+@pytest.mark.parametrize(
+    "probe, flags",
+    [("spread_credit.py", ["--reward", "assigned"]), ("spread_inputs.py", []), ("spread_encoder.py", [])],
+)
+def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, probe, flags):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    tiny = [
+        "--env-kwargs",
+        '{"N": 2}',
+        "--total-timesteps",
+        "100",
+        "--num-envs",
+        "4",
+        "--eval-interval",
+        "0",
+        "--final-eval-episodes",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    done = subprocess.run(
+        [sys.executable, str(root / "probes" / probe), *flags, *tiny], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "final_eval.json").read_text())["episodes"] == 2
+    refused = subprocess.run(
+        [sys.executable, str(root / "probes" / probe), "--env-id", "simple_v3"], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode != 0 and "simple_spread_v3" in refused.stderr
