@@ -231,12 +231,17 @@ def test_spread_encoder_ignores_the_order_of_landmarks_and_of_other_agents_and_t
     moved[..., 4] += 1.0  # a landmark elsewhere: another output
     assert (enc(moved) - enc(x)).abs().max() > 1e-3
     seconds = spread_encoder.cost(n_agents=2, envs=4, steps=5, repeats=1)
-    assert seconds["encoder"] > 0 and seconds["plain"] > 0
+    assert set(seconds) == {"attention", "pairs", "plain"} and min(seconds.values()) > 0
 
 
 @pytest.mark.parametrize(
     "probe, flags",
-    [("spread_credit.py", ["--reward", "assigned"]), ("spread_inputs.py", []), ("spread_encoder.py", [])],
+    [
+        ("spread_credit.py", ["--reward", "assigned"]),
+        ("spread_inputs.py", []),
+        ("spread_encoder.py", []),
+        ("spread_encoder.py", ["--encoder", "pairs"]),
+    ],
 )
 def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, probe, flags):
     import os
@@ -267,3 +272,19 @@ def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, probe
         [sys.executable, str(root / "probes" / probe), "--env-id", "simple_v3"], capture_output=True, text=True, env=env
     )
     assert refused.returncode != 0 and "simple_spread_v3" in refused.stderr
+
+
+def test_spread_relation_layer_ignores_the_order_of_landmarks_and_of_other_agents():
+    import spread_encoder
+    import torch
+
+    torch.manual_seed(0)
+    enc = spread_encoder.Pairs(3, 3, 16)
+    x = torch.randn(5, 3, 18 + 3)
+    swapped = x.clone()
+    swapped[..., 4:10] = x[..., [8, 9, 4, 5, 6, 7]]  # landmark order 2, 0, 1
+    swapped[..., 10:14] = x[..., [12, 13, 10, 11]]  # the two other agents swapped
+    torch.testing.assert_close(enc(swapped), enc(x), rtol=1e-5, atol=1e-5)
+    moved = x.clone()
+    moved[..., 10] += 1.0  # another agent elsewhere: another output
+    assert (enc(moved) - enc(x)).abs().max() > 1e-4
