@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "probes"))
 
 from spread_inputs import WithRelations  # noqa: E402
+from spread_levels import distances  # noqa: E402
 from spread_levels import policy as scripted_policy  # noqa: E402
 
 from runtime.args import MultiAgentArgs, make_eval_env  # noqa: E402  (the checkout's own layer)
@@ -41,10 +42,8 @@ ENV_ID = "simple_spread_v3"
 
 def measures(obs: np.ndarray, radius: float) -> dict:
     """(E, N, 6N) simple_spread observations -> each measure's mean over the E envs."""
-    E, N, _ = obs.shape
     vel, pos = obs[..., 0:2], obs[..., 2:4]
-    landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)  # agent 0's view, absolute (E, N, 2)
-    dist = np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)  # (E, agents, landmarks)
+    landmarks, dist = distances(obs)  # (E, N, 2), (E, agents, landmarks)
     nearest = dist.argmin(-1)  # (E, agents): each agent's nearest landmark
     claimed = [len(np.unique(row)) for row in nearest]
     centroid = landmarks.mean(1, keepdims=True)

@@ -38,8 +38,10 @@ from scipy.optimize import linear_sum_assignment
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
+sys.path.insert(0, str(ROOT / "probes"))
 
 import mappo  # noqa: E402  (the checkout's own script)
+from spread_levels import distances  # noqa: E402
 
 from runtime import cli  # noqa: E402
 
@@ -47,19 +49,10 @@ LOCAL_RATIO = 0.5  # mpe2 simple_spread_v3's default
 REWARD = "difference"  # --reward
 
 
-def distances(obs: np.ndarray) -> np.ndarray:
-    """(E, N, 6N) simple_spread observations -> (E, agents, landmarks) distances, from the agents' positions and agent
-    0's view of the landmarks."""
-    E, N, _ = obs.shape
-    pos = obs[..., 2:4]
-    landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)  # absolute (E, N, 2)
-    return np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)
-
-
 def team_terms(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(E, N, 6N) observations -> G (E,) and G_{-i} (E, N): minus the summed distance of each landmark to its nearest
     agent, with every agent, and with every agent but i."""
-    dist = distances(obs)
+    dist = distances(obs)[1]
     team = -dist.min(1).sum(-1)
     without = np.stack([-np.delete(dist, i, axis=1).min(1).sum(-1) for i in range(dist.shape[1])], axis=1)
     return team, without
@@ -68,7 +61,7 @@ def team_terms(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def assigned_distances(obs: np.ndarray) -> np.ndarray:
     """(E, N, 6N) observations -> (E, N): each agent's distance to its landmark under the one-to-one assignment of
     least total distance (the scripted controller's, probes/spread_levels.py)."""
-    dist = distances(obs)
+    dist = distances(obs)[1]
     return np.stack([d[np.arange(len(d)), linear_sum_assignment(d)[1]] for d in dist])
 
 
@@ -94,7 +87,7 @@ class ShapedRewards:
             elif self.reward == "assigned":
                 shaped = collisions - (1 - LOCAL_RATIO) * final.shape[1] * assigned_distances(final)
             else:  # nearest
-                shaped = collisions - (1 - LOCAL_RATIO) * final.shape[1] * distances(final).min(-1)
+                shaped = collisions - (1 - LOCAL_RATIO) * final.shape[1] * distances(final)[1].min(-1)
             step.rewards[g] = shaped.astype(r.dtype)
         return step
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "algos"))
 sys.path.insert(0, str(ROOT / "probes"))
 
 import mappo  # noqa: E402  (the checkout's own script)
-from spread_credit import distances  # noqa: E402
+from spread_levels import distances  # noqa: E402
 
 import runtime.run  # noqa: E402
 from runtime import cli  # noqa: E402
@@ -37,7 +37,7 @@ from runtime import cli  # noqa: E402
 
 def relations(obs: np.ndarray) -> np.ndarray:
     """(E, N, 6N) observations -> (E, N, 2N): for agent i and landmark l, d_il and min over j != i of d_jl."""
-    dist = distances(obs)  # (E, agents, landmarks)
+    dist = distances(obs)[1]  # (E, agents, landmarks)
     N = dist.shape[1]
     others = np.stack([np.delete(dist, i, axis=1).min(1) for i in range(N)], axis=1) if N > 1 else dist * np.inf
     return np.concatenate([dist, others], -1).astype(obs.dtype)

@@ -36,15 +36,22 @@ DT, DECAY, GAIN, COAST = 0.1, 0.75, 0.5, 0.4  # dt; velocity kept per step; velo
 POLICIES = ("scripted", "nearest", "no-op", "random")
 
 
+def distances(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(E, N, 6N) simple_spread observations -> the landmarks' absolute positions (E, N, 2), from agent 0's view, and
+    the distances (E, agents, landmarks)."""
+    E, N, _ = obs.shape
+    pos = obs[..., 2:4]
+    landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)
+    return landmarks, np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)
+
+
 def scripted_actions(obs: np.ndarray, assign: bool = True) -> np.ndarray:
     """(E, N, 6N) simple_spread observations -> (E, N) discrete actions of the scripted controller.
 
     assign=False is the controller without coordination: each agent heads for its own nearest landmark.
     """
-    E, N, _ = obs.shape
     vel, pos = obs[..., 0:2], obs[..., 2:4]
-    landmarks = pos[:, :1] + obs[:, :1, 4 : 4 + 2 * N].reshape(E, N, 2)  # agent 0's view, absolute (E, N, 2)
-    dist = np.linalg.norm(pos[:, :, None] - landmarks[:, None], axis=-1)  # (E, agents, landmarks)
+    landmarks, dist = distances(obs)  # (E, N, 2), (E, agents, landmarks)
     if assign:
         goals = np.stack([linear_sum_assignment(d)[1] for d in dist])  # rows come back in agent order
     else:

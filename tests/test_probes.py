@@ -186,7 +186,7 @@ def test_spread_credit_difference_rewards_pay_each_agent_what_it_adds_to_the_tea
         assert (team[:, None] - without >= -1e-9).all()
         mine = spread_credit.assigned_distances(plain.final.obs[g])
         np.testing.assert_allclose(dense.rewards[g], collisions - 4 * mine / 2, atol=1e-4)
-        own = spread_credit.distances(plain.final.obs[g]).min(-1)
+        own = spread_credit.distances(plain.final.obs[g])[1].min(-1)
         np.testing.assert_allclose(near.rewards[g], collisions - 4 * own / 2, atol=1e-4)
         assert (own <= mine + 1e-9).all()
     for e in (env, *rewards.values()):
