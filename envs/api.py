@@ -23,6 +23,8 @@ class GroupSpec:
     action_high: np.ndarray | None = None
     has_action_mask: bool = False
     has_positions: bool = False  # the env places the agents on a grid (MAgent2): Observation.positions
+    entities: tuple[tuple[str, int, int], ...] = ()  # (kind, offset, count): `count` positions relative to the agent,
+    # two numbers each, from `offset` in its observation, e.g. ("landmarks", 4, 3) (envs/relations.py; () undeclared)
 
     @property
     def n_agents(self) -> int:

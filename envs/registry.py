@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass
 
 from envs.api import VecEnv
+from envs.relations import declare_entities
 
 
 class UnknownEnvError(ValueError):
@@ -244,6 +245,11 @@ def make(
     Raises:
         UnknownEnvError, EnvArgumentError, EnvNotAvailableError: with a message saying what to fix.
     """
+    env = _make(env_id, num_envs, seed, vector, backend, num_workers, **env_kwargs)
+    return declare_entities(env, env_id, env_kwargs)  # where its observations hold which entities, every backend
+
+
+def _make(env_id, num_envs, seed, vector, backend, num_workers, **env_kwargs) -> VecEnv:
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     magent = env_id in REGISTRY and REGISTRY[env_id].family == "magent"

@@ -3,7 +3,7 @@ diagnosis of issue 46 (more agents).
 
     python probes/spread_behaviour.py --agents 6 --checkpoint results/runs/simple_spread_v3/mappo-n6/seed0/last.pt
     python probes/spread_behaviour.py --agents 6 --policy scripted      # or nearest, no-op (probes/spread_levels.py)
-    python probes/spread_behaviour.py --agents 6 --relations --checkpoint <a run of probes/spread_inputs.py>/last.pt
+    python probes/spread_behaviour.py --agents 6 --relations --checkpoint <a run with --relations>/last.pt
 
 Each policy plays greedily the first --episodes episodes of protocol v2's fixed set on mpe2's own env. Where the
 last step (25 of 25) left the agents it reports, averaged over episodes:
@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "probes"))
 
-from spread_inputs import WithRelations  # noqa: E402
 from spread_levels import distances  # noqa: E402
 from spread_levels import policy as scripted_policy  # noqa: E402
 
@@ -58,10 +57,9 @@ def measures(obs: np.ndarray, radius: float) -> dict:
 
 
 def standard_env(n: int, num_envs: int, seed: int, relations: bool = False):
-    """mpe2's simple_spread_v3 with N agents (protocol v2's env), its observations extended as probes/spread_inputs.py
-    extends them if `relations`."""
-    env = make_eval_env(MultiAgentArgs(env_id=ENV_ID, env_kwargs=json.dumps({"N": n})), num_envs, seed)
-    return WithRelations(env) if relations else env
+    """mpe2's simple_spread_v3 with N agents (protocol v2's env), with --relations if `relations`."""
+    args = MultiAgentArgs(env_id=ENV_ID, env_kwargs=json.dumps({"N": n}), relations=relations)
+    return make_eval_env(args, num_envs, seed)
 
 
 def behaviour(make_policy, n: int, episodes: int, radius: float, relations: bool = False) -> dict:
@@ -87,7 +85,7 @@ def main(argv=None):
     parser.add_argument("--policy", action="append", default=[], help="scripted, nearest or no-op (repeatable)")
     parser.add_argument("--episodes", type=int, default=200, help="of protocol v2's fixed set (first K)")
     parser.add_argument("--radius", type=float, default=0.15, help="a landmark is covered with an agent this near")
-    parser.add_argument("--relations", action="store_true", help="checkpoints of probes/spread_inputs.py")
+    parser.add_argument("--relations", action="store_true", help="checkpoints trained with --relations")
     args = parser.parse_args(argv)
     if args.agents < 1 or args.episodes < 1 or args.radius <= 0:
         parser.error("--agents and --episodes must be >= 1 and --radius > 0")

@@ -1,5 +1,6 @@
-"""Can MAPPO learn the relations of probes/spread_inputs.py itself (issue 46)? mappo.py with its networks' first layer
-replaced by an encoder over simple_spread's entities, everything else (PPO, flags, trunk, heads) unchanged.
+"""Can MAPPO learn the relations that --relations computes (envs/relations.py) itself (issue 46)? mappo.py with its
+networks' first layer replaced by an encoder over simple_spread's entities, everything else (PPO, flags, trunk, heads)
+unchanged.
 
     python probes/spread_encoder.py --env-kwargs '{"N": 6}' --total-timesteps 3000000 --run-dir /tmp/encoder6
     (any mappo.py flag but --rnn and --no-share-params; --env-id is simple_spread_v3)
@@ -67,7 +68,7 @@ class Pairs(nn.Module):
     """(B, A, 6N [+ A ids]) simple_spread observations (normalized) -> (B, A, h), a learned relation layer: an MLP on
     each (landmark, agent) pair (the landmark's position relative to the agent and to the other agent, its distance to
     each, whether the other agent is this one), max-pooled over the agents for each landmark, then mean- and
-    max-pooled over the landmarks, beside the agent's own features. It can learn spread_inputs.py's relations (the
+    max-pooled over the landmarks, beside the agent's own features. It can learn --relations' relations (the
     nearest other agent's distance is a max over pairs) at a fraction of attention's cost."""
 
     def __init__(self, n_agents: int, extra: int, h: int, width: int = 32):

@@ -193,28 +193,6 @@ def test_spread_credit_difference_rewards_pay_each_agent_what_it_adds_to_the_tea
         e.close()
 
 
-def test_spread_inputs_append_each_landmarks_own_and_nearest_other_distance():
-    import spread_inputs
-
-    import envs
-
-    # agents at (0, 0), (1, 1), (3, 0); landmarks at (0, 0) and (1, 0)
-    rel = spread_inputs.relations(spread_obs([[0, 0], [1, 1], [3, 0]], [[0, 0], [1, 0], [2, 0]]))
-    np.testing.assert_allclose(rel[0, 0], [0, 1, 2, 2**0.5, 1, 1])  # own distances; then the nearest other's
-    np.testing.assert_allclose(rel[0, 1], [2**0.5, 1, 2**0.5, 0, 1, 1])
-    env = spread_inputs.WithRelations(envs.make("simple_spread_v3", 4, 0, backend="numba", N=3))
-    spec = env.groups["agent"]
-    assert spec.obs_shape == (18 + 6,) and env.state_shape == (3 * 24,)
-    obs = env.reset()
-    assert obs.obs["agent"].shape == (4, 3, 24) and obs.state.shape == (4, 72)
-    step = env.step({"agent": np.zeros((4, 3), np.int64)})
-    np.testing.assert_allclose(
-        step.next.obs["agent"][..., 18:], spread_inputs.relations(step.next.obs["agent"][..., :18])
-    )
-    np.testing.assert_array_equal(step.next.state, step.next.obs["agent"].reshape(4, -1))
-    env.close()
-
-
 def test_spread_encoder_ignores_the_order_of_landmarks_and_of_other_agents_and_trains(tmp_path):
     import spread_encoder
     import torch
@@ -238,7 +216,6 @@ def test_spread_encoder_ignores_the_order_of_landmarks_and_of_other_agents_and_t
     "probe, flags",
     [
         ("spread_credit.py", ["--reward", "assigned"]),
-        ("spread_inputs.py", []),
         ("spread_encoder.py", []),
         ("spread_encoder.py", ["--encoder", "pairs"]),
     ],

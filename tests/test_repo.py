@@ -140,7 +140,6 @@ PROBES = {
     "spread_levels.py",
     "spread_behaviour.py",
     "spread_credit.py",
-    "spread_inputs.py",
     "spread_encoder.py",
 }
 
