@@ -26,12 +26,14 @@ def n_agents(result: dict) -> int:
 
 
 def setting(result: dict) -> str:
-    """The row's label without its N: `mappo-relations-n6` -> `mappo-relations`, `mappo-n6-3m` -> `mappo-3m`."""
-    return re.sub(r"-n\d+(?=-|$)", "", result["algo"])
+    """The row's label without its N and budget, then its budget: `mappo-relations-n6` (10M) -> `mappo-relations,
+    10M`; `mappo-n6-3m` and `mappo-3m` -> `mappo, 3M`."""
+    name = re.sub(r"-(n\d+|\d+m)(?=-|$)", "", result["algo"])
+    return f"{name}, {steps(result['total_timesteps'])}"
 
 
 def rows() -> dict[str, dict[int, dict]]:
-    """setting -> N -> {mean, min, max, seeds, steps} of the seeds' final policies."""
+    """setting (with its budget) -> N -> {mean, min, max, seeds, steps} of the seeds' final policies."""
     results = [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json")) if p.name != "levels.json"]
     results += [json.loads((TASK / f"{a}.json").read_text()) for a in PUBLISHED if (TASK / f"{a}.json").exists()]
     table: dict[str, dict[int, dict]] = {}
@@ -61,7 +63,7 @@ def steps(n: int) -> str:
 def cell(p: dict | None) -> str:
     if p is None:
         return "–"
-    seeds = f"{p['seeds']} seed{'s' * (p['seeds'] > 1)} x {steps(p['steps'])}"
+    seeds = f"{p['seeds']} seed{'s' * (p['seeds'] > 1)}"
     return f"{p['mean']:.2f} ({seeds}; {p['min']:.2f} to {p['max']:.2f})"
 
 
