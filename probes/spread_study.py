@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "results" / "simple_spread_v3"
 OUT = TASK / "agents"
-PUBLISHED = ("mappo", "mappo-3m", "ippo-3m")  # the task's own rows (N = 3, defaults; 10M, the matrix's 3M cells)
+PUBLISHED = ("mappo", "mappo-relations", "mappo-3m", "ippo-3m")  # the task's own rows (N = 3; 10M, and 3M cells)
 LEVELS = (("scripted", "scripted controller"), ("nearest", "nearest landmark"), ("no-op", "stand still"))
 
 
