@@ -14,6 +14,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     gru_sequence,
@@ -394,6 +395,7 @@ def update(coma, actor_opt, critic_opt, rb, after, epsilon, args, device):
     for _ in range(args.critic_updates):
         q = q_taken(coma.critic, mb["state"], mb["obs"], actions, mask, last)[0]
         critic_loss = masked_mean(mask, (q - returns) ** 2)
+        check_finite(critic_loss, f"group {coma.spec.name}: the critic loss", "lower --critic-lr")
         critic_opt.zero_grad()
         critic_loss.backward()
         nn.utils.clip_grad_norm_(coma.critic.parameters(), args.max_grad_norm)
@@ -405,11 +407,7 @@ def update(coma, actor_opt, critic_opt, rb, after, epsilon, args, device):
     advantages = counterfactual_advantages(q_all, pi.detach(), actions)
     logp = torch.log(pi.gather(-1, actions[..., None]).squeeze(-1).clamp(min=1e-10))
     policy_loss = -masked_mean(mask, advantages * logp)
-    if not (torch.isfinite(policy_loss) and torch.isfinite(critic_loss)):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"group {coma.spec.name}: the losses became {policy_loss.item()} (policy) and "
-            f"{critic_loss.item()} (critic); lower --actor-lr / --critic-lr"
-        )
+    check_finite(policy_loss, f"group {coma.spec.name}: the policy loss", "lower --actor-lr")
     actor_opt.zero_grad()
     policy_loss.backward()
     nn.utils.clip_grad_norm_(coma.actor.parameters(), args.max_grad_norm)

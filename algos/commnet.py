@@ -16,6 +16,7 @@ from runtime import (
     RunningNorm,
     adam,
     check_args,
+    check_finite,
     checkpoint_args,
     cli,
     clip_grad_norm,
@@ -351,11 +352,7 @@ def update(net, opt, rb, args, device, rng):
             )
             v_loss = torch.where(err < 10.0, 0.5 * err**2, 10.0 * (err - 5.0)).mean()  # Huber, delta 10 (mappo.py's)
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value {v_loss.item():.3g}); "
-                    "lower --learning-rate or --max-grad-norm"
-                )
+            check_finite(loss, "the loss", "lower --learning-rate or --max-grad-norm", policy=pg_loss, value=v_loss)
             opt.zero_grad()
             loss.backward()
             clip_grad_norm(list(net.parameters()), args.max_grad_norm)

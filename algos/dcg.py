@@ -15,6 +15,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
@@ -363,10 +364,7 @@ def update(dcg, target, optimizer, rb, args, device, rng):
         next_q = target.q_value(target_f_i[1:], target.payoffs(target_features[1:]), greedy, alive[1:])
         targets = mb["reward"][:-1] + args.gamma * (1.0 - mb["terminated"][:-1].float()) * next_q
     td_loss = ((q - targets) ** 2 * mask).sum() / mask.sum().clamp(min=1.0)
-    if not torch.isfinite(td_loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the TD loss became {td_loss.item()}; lower --learning-rate or check the reward scale"
-        )
+    check_finite(td_loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     td_loss.backward()

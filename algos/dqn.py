@@ -14,6 +14,7 @@ from runtime import (
     RunArgs,
     check_args,
     check_discrete,
+    check_finite,
     cli,
     crossings,
     linear_schedule,
@@ -198,11 +199,7 @@ def update(q_network, target_network, optimizer, rb, args, device, rng, beta):
     q = q_network(mb["obs"]).gather(-1, mb["actions"].unsqueeze(-1)).squeeze(-1)
     td_error = td_target - q
     loss = (mb["weights"] * td_error**2).mean() if args.prioritized else (td_error**2).mean()
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the TD loss became {loss.item()} (mean Q {q.mean().item():.3g}); lower --learning-rate, "
-            "or check the reward scale"
-        )
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

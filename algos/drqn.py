@@ -14,6 +14,7 @@ from runtime import (
     RunArgs,
     check_args,
     check_discrete,
+    check_finite,
     cli,
     crossings,
     episode_length,
@@ -196,8 +197,7 @@ def update(q_network, target_network, optimizer, rb, args, device, rng):
     q_taken = q[:-1].gather(-1, mb["actions"][:-1].unsqueeze(-1)).squeeze(-1)
     n = mask.sum().clamp(min=1.0)
     loss = (mask * (q_taken - td_target) ** 2).sum() / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

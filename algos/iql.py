@@ -14,6 +14,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
@@ -298,8 +299,7 @@ def update(iql, target, optimizer, rb, args, device, rng, beta):
         err, count, q_sum = err + td.detach().abs().sum((0, 2)), count + mask.sum((0, 2)), q_sum + (chosen * mask).sum()
     n = count.sum().clamp(min=1.0)
     loss = sq_err / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

@@ -17,6 +17,7 @@ from runtime import (
     RunningNorm,
     adam,
     check_args,
+    check_finite,
     checkpoint_args,
     cli,
     clip_grad_norm,
@@ -465,11 +466,13 @@ def update(pol, opt, rb, args, device, rng):
             v_loss = masked_mean(mask, huber)
             ent = masked_mean(mask, entropy)
             loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"group {pol.spec.name}: the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-                    f"{v_loss.item():.3g}); lower --learning-rate or --max-grad-norm, or check the rewards"
-                )
+            check_finite(
+                loss,
+                f"group {pol.spec.name}: the loss",
+                "lower --learning-rate or --max-grad-norm, or check the rewards",
+                policy=pg_loss,
+                value=v_loss,
+            )
             opt.zero_grad()
             loss.backward()
             clip_grad_norm(pol.actor.parameters(), args.max_grad_norm)

@@ -16,6 +16,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     make_env,
@@ -268,11 +269,7 @@ def update(agents, optimizer, rb, args, device, rng):
     v_loss = masked_mean(mask, 0.5 * (q - mb["returns"]) ** 2)
     entropy = masked_mean(mask, d.entropy())
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-            f"{v_loss.item():.3g}); lower --learning-rate"
-        )
+    check_finite(loss, "the loss", "lower --learning-rate", policy=pg_loss, value=v_loss)
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(agents.actor.parameters(), args.max_grad_norm)

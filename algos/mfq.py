@@ -17,6 +17,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
@@ -311,8 +312,7 @@ def update(mfq, target, optimizer, rb, args, device, rng, temperature):
         count, q_sum = count + mask.sum(), q_sum + (q.detach() * mask).sum()
     n = count.clamp(min=1.0)
     loss = sq_err / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(mfq.parameters(), args.max_grad_norm)

@@ -11,13 +11,7 @@ import tyro
 from torch.distributions import Categorical, Normal
 
 from buffers import RolloutBuffer, to_torch
-from runtime import (
-    Run,
-    RunArgs,
-    check_args,
-    cli,
-    setup,
-)
+from runtime import Run, RunArgs, check_args, check_finite, cli, setup
 from runtime.args import make_gym_env
 
 ALGO = "ppo"
@@ -301,11 +295,13 @@ def update(agent, optimizer, rb, args, device, rng):
             v_loss = 0.5 * v_loss.mean()
             ent = entropy.mean()
             loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value {v_loss.item():.3g}); "
-                    "lower --learning-rate, or try --norm-obs / --norm-reward"
-                )
+            check_finite(
+                loss,
+                "the loss",
+                "lower --learning-rate, or try --norm-obs / --norm-reward",
+                policy=pg_loss,
+                value=v_loss,
+            )
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)

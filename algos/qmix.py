@@ -15,6 +15,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
@@ -321,8 +322,7 @@ def update(qmix, target, optimizer, rb, args, device, rng, beta):
     weights = mb["weights"][None] if args.prioritized else 1.0  # importance sampling of prioritized episodes
     n = mask.sum().clamp(min=1.0)
     loss = (weights * td**2).sum() / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

@@ -14,6 +14,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
@@ -299,8 +300,7 @@ def update(qtran, target, optimizer, rb, args, device, rng):
     nopt_error = ((chosen * alive[:-1]).sum(-1) - q_jt.detach() + v).clamp(max=0.0)
     nopt_loss = (nopt_error**2 * mask).sum() / mask.sum().clamp(min=1.0)
     loss = td_loss + args.opt_loss * opt_loss + args.nopt_loss * nopt_loss
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

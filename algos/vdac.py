@@ -17,6 +17,7 @@ from runtime import (
     adam,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     make_env,
@@ -309,11 +310,7 @@ def update(vdac, optimizer, rb, specs, args, device, rng):
             v_tot = vdac.v_tot(torch.cat(local, -1), mb["state"], mask)
             v_loss = 0.5 * ((v_tot - mb["returns"]) ** 2).mean()
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-                    f"{v_loss.item():.3g}); lower --learning-rate"
-                )
+            check_finite(loss, "the loss", "lower --learning-rate", policy=pg_loss, value=v_loss)
             optimizer.zero_grad()
             loss.backward()
             for agents in vdac.agents.values():

@@ -16,6 +16,7 @@ from runtime import (
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
@@ -365,11 +366,9 @@ def update(wqmix, target, optimizer, rb, args, device, rng, beta):
     qmix_loss = (weights * w * mask * td**2).sum() / n
     central_loss = (weights * mask * (q_star - targets) ** 2).sum() / n
     loss = qmix_loss + central_loss
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the TD loss became {loss.item()} (QMIX {qmix_loss.item():.3g}, central "
-            f"{central_loss.item():.3g}); lower --learning-rate or check the rewards"
-        )
+    check_finite(
+        loss, "the TD loss", "lower --learning-rate or check the rewards", qmix=qmix_loss, central=central_loss
+    )
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

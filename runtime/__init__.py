@@ -82,18 +82,19 @@ The contract a script keeps (tests/test_repo.py and the script tests hold most o
 * `Run` plays `--eval-checkpoint` instead of training (the script ends there, exit code 0), reloads `--resume`, and
   with `replay=` saves and reloads an off-policy buffer. Its optional flags are read by name when a script has them:
   `--save-buffer`, `--self-play`.
-* A non-finite loss raises `FloatingPointError` before the optimizer steps; losses are logged as `losses/<name>`
+* A non-finite loss raises `FloatingPointError` before the optimizer steps: `check_finite(loss, name, advice, **terms)`
+  (or `optimize`, which calls it) is the one NaN guard; losses are logged as `losses/<name>`
   (bench/compare_losses.py compares them between commits) and the speed as `charts/SPS`.
 * The learning groups are `env.groups`: `make_env` acts for the frozen ones (--random-groups, --opponent,
   --self-play) and shows the script only the learners.
 
 Modules: `args` (the shared flags, env construction, and freed memory kept for reuse), `checks` (argument checks),
-`checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the guarded optimizer step with
-per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
-policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over
-a whole sequence in one call), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running
-mean/std of value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir,
-lock, writer, signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
+`checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the NaN guard, the guarded optimizer
+step with per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
+policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over a
+whole sequence in one call), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running mean/std of
+value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer,
+signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -133,7 +134,7 @@ from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, periodic_se
 from runtime.gru import gru_sequence
 from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
-from runtime.optim import adam, clip_grad_norm, optimize, soft_update
+from runtime.optim import adam, check_finite, clip_grad_norm, optimize, soft_update
 from runtime.run import Run
 from runtime.schedule import crossings, linear_schedule
 
@@ -152,6 +153,7 @@ __all__ = [
     "RunStopped",
     "RunningNorm",
     "check_action_flags",
+    "check_finite",
     "clip_grad_norm",
     "check_args",
     "checkpoint_args",

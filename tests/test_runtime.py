@@ -381,6 +381,22 @@ def test_optimize_refuses_a_non_finite_loss_and_leaves_the_weights():
     assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
 
 
+def test_check_finite_names_the_loss_its_terms_and_the_advice():
+    from runtime import check_finite
+
+    check_finite(torch.tensor(1.5), "the loss", "lower --learning-rate", policy=torch.tensor(float("nan")))  # finite
+    with pytest.raises(FloatingPointError, match=r"^the loss became inf \(policy 0\.123, value inf\); lower --lr$"):
+        check_finite(
+            torch.tensor(float("inf")),
+            "the loss",
+            "lower --lr",
+            policy=torch.tensor(0.1234),
+            value=torch.tensor(float("inf")),
+        )
+    with pytest.raises(FloatingPointError, match=r"^group red: the TD loss became nan; check the rewards$"):
+        check_finite(torch.tensor(float("nan")), "group red: the TD loss", "check the rewards")
+
+
 def test_soft_update_moves_targets_tau_of_the_way_for_a_module_or_a_sequence():
     from runtime import soft_update
 

@@ -326,7 +326,9 @@ def brute_force(dcg, f_i, f_ij, avail, alive):
     joint = torch.cartesian_prod(*[torch.arange(n)] * N)  # (n^N, N)
     J = len(joint)
     q = dcg.q_value(
-        f_i[:, None].expand(B, J, N, n), f_ij[:, None].expand(B, J, *f_ij.shape[1:]), joint.expand(B, J, N),
+        f_i[:, None].expand(B, J, N, n),
+        f_ij[:, None].expand(B, J, *f_ij.shape[1:]),
+        joint.expand(B, J, N),
         alive[:, None].expand(B, J, N),
     )  # (B, n^N)
     allowed = avail[:, None].expand(B, J, N, n).gather(-1, joint.expand(B, J, N)[..., None]).squeeze(-1).all(-1)
