@@ -20,6 +20,7 @@ from runtime import (
     gru_sequence,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
 )
 
@@ -186,9 +187,8 @@ def acting(comas, args, device, greedy=True):
         hidden = initial_hidden(comas, args, num_envs, device)
 
         def act_fn(obs, done):
-            if done is not None and args.rnn:
-                for h in hidden.values():
-                    h[torch.as_tensor(done)] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done)
             return act(comas, obs, hidden, 0.0, device, greedy)
 
         return act_fn
@@ -283,8 +283,7 @@ def main(args):
                     )
                 for g, spec in env.groups.items():
                     last_actions[g] = np.where(step.done[:, None], spec.action_dim, actions[g])  # "none" at a start
-                    if hidden[g] is not None:
-                        hidden[g][torch.as_tensor(step.done)] = 0.0  # the next episodes start from zero
+                hidden = reset_finished(hidden, step.done)  # the next episodes start from zero
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next

@@ -22,6 +22,7 @@ from runtime import (
     episode_length,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
     soft_update,
     sub_state,
@@ -191,9 +192,8 @@ def acting(dcg, specs, args, device, epsilon):
         }
 
         def act_fn(obs, done):
-            if done is not None:
-                for h in hidden.values():
-                    h[:, done] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done, env_dim=1)  # nn.GRU's states (1, E, A, H)
             return act(dcg, specs, obs, hidden, epsilon, rng, device, args.msg_iterations)
 
         return act_fn
@@ -258,8 +258,7 @@ def main(args):
             rb.add(**team_step(obs, actions, step, specs))
             if (done := np.flatnonzero(step.done)).size:
                 rb.finish(done, **agent_views(step.final, specs, envs=done))
-                for h in hidden.values():
-                    h[:, done] = 0.0  # the next episode starts from a zero state
+                hidden = reset_finished(hidden, step.done, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 

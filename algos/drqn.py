@@ -19,6 +19,7 @@ from runtime import (
     crossings,
     episode_length,
     linear_schedule,
+    reset_finished,
     setup,
     soft_update,
 )
@@ -114,8 +115,7 @@ def main(args):
 
         def greedy(obs, done):
             nonlocal h
-            if done is not None:
-                h[:, done] = 0.0
+            h = reset_finished(h, done, env_dim=1)  # nn.GRU's state (1, E, H)
             q, h = q_network(t(obs, device)[None], h)
             return q[0].argmax(-1).cpu().numpy()
 
@@ -155,9 +155,10 @@ def main(args):
             global_step += args.num_envs
             # STORE: the step into each env's running episode; finished episodes close with their final observation
             rb.add(obs=obs, actions=actions, rewards=rewards, terminated=terminated)
-            if (done := np.flatnonzero(terminated | truncated)).size:
+            ended = terminated | truncated
+            if (done := np.flatnonzero(ended)).size:
                 rb.finish(done, obs=np.stack([infos["final_obs"][i] for i in done]))
-                h[:, done] = 0.0  # the next episode starts from a zero state
+                h = reset_finished(h, ended, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(infos, global_step)
             obs = next_obs
 

@@ -21,6 +21,7 @@ from runtime import (
     cli,
     clip_grad_norm,
     make_env,
+    reset_finished,
     setup,
     sub_state,
 )
@@ -195,8 +196,7 @@ def acting(net, args, device, greedy=True):
 
         def act_fn(obs, done):
             nonlocal h, talk
-            if done is not None:
-                h, talk = h * t(~done, device).view(-1, 1, 1), talk * t(~done, device).view(-1, 1)
+            h, talk = reset_finished(h, done), reset_finished(talk, done)
             actions, _, _, h, (talk, _), _ = act(net, obs, h, talk, device, greedy)
             return actions
 
@@ -289,8 +289,8 @@ def main(args):
                     gate_logprobs=gate_logprobs,
                     starts=starts,
                 )
-                h = h * t(~step.done, device).view(-1, 1, 1)  # the next episodes start from zero, gates closed
-                talk = talk * t(~step.done, device).view(-1, 1)
+                h = reset_finished(h, step.done)  # the next episodes start from zero, gates closed
+                talk = reset_finished(talk, step.done)
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next

@@ -26,6 +26,7 @@ from runtime import (
     gru_sequence,
     make_env,
     mlp_forward,
+    reset_finished,
     setup,
 )
 
@@ -205,11 +206,6 @@ def initial_hidden(policies, args, num_envs, device):  # group -> zero hidden st
     }
 
 
-def reset_finished(hidden, done, device):  # zero the hidden states of the envs whose episode just ended (--rnn)
-    keep = t(~done, device).view(-1, 1, 1) if any(h is not None for h in hidden.values()) else None
-    return {g: None if h is None else h * keep for g, h in hidden.items()}
-
-
 def act(policies, obs, device, hidden, greedy=False):
     """Actions of every group (numpy, what env.step takes) and what the buffer stores: the sampled actions
     (Gaussian samples before clipping to the Box) and their log-probabilities.
@@ -237,7 +233,7 @@ def acting(policies, args, device, greedy=True):
 
         def act_fn(obs, done):
             nonlocal hidden
-            hidden = hidden if done is None else reset_finished(hidden, done, device)
+            hidden = reset_finished(hidden, done)
             return act(policies, obs, device, hidden, greedy)[0]
 
         return act_fn
@@ -330,8 +326,8 @@ def main(args):
                         **avail,
                         **stored[g],
                     )
-                h_actor = reset_finished(h_actor, step.done, device)  # the next episodes start from zero
-                h_critic = reset_finished(h_critic, step.done, device)
+                h_actor = reset_finished(h_actor, step.done)  # the next episodes start from zero
+                h_critic = reset_finished(h_critic, step.done)
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next

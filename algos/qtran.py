@@ -21,6 +21,7 @@ from runtime import (
     episode_length,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
     soft_update,
     sub_state,
@@ -163,9 +164,8 @@ def acting(agents, specs, args, device, epsilon):
         }
 
         def act_fn(obs, done):
-            if done is not None:
-                for h in hidden.values():
-                    h[:, done] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done, env_dim=1)  # nn.GRU's states (1, E, A, H)
             return act(agents, specs, obs, hidden, epsilon, rng, device)
 
         return act_fn
@@ -225,8 +225,7 @@ def main(args):
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
                 rb.finish(done, **agent_views(final, specs, state=True, envs=done))
-                for h in hidden.values():
-                    h[:, done] = 0.0  # the next episode starts from a zero state
+                hidden = reset_finished(hidden, step.done, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 

@@ -21,6 +21,7 @@ from runtime import (
     cli,
     clip_grad_norm,
     make_env,
+    reset_finished,
     setup,
     sub_state,
 )
@@ -190,8 +191,7 @@ def acting(net, args, device, greedy=True):
 
         def act_fn(obs, done):
             nonlocal h
-            if done is not None:
-                h = h * t(~done, device).view(-1, 1, 1)
+            h = reset_finished(h, done)
             actions, _, _, h, _ = act(net, obs, h, device, greedy)
             return actions
 
@@ -283,7 +283,7 @@ def main(args):
                     h=h_before,
                     starts=starts,
                 )
-                h = h * t(~step.done, device).view(-1, 1, 1)  # the next episodes start from zero
+                h = reset_finished(h, step.done)  # the next episodes start from zero
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next

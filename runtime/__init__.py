@@ -92,9 +92,10 @@ Modules: `args` (the shared flags, env construction, and freed memory kept for r
 `checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the NaN guard, the guarded optimizer
 step with per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
 policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over a
-whole sequence in one call), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running mean/std of
-value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer,
-signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
+whole sequence in one call, and the reset of hidden states where episodes end), `mlp` (the acting pass of a feed-forward
+network in one call), `norm` (running mean/std of value targets and inputs, and the --feature-norm flag), `evaluation`
+(protocol v2), `run` (run dir, lock, writer, signals), `opponents` (groups frozen to random, to any script's checkpoint,
+or to self-play).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -131,7 +132,7 @@ from runtime.checks import (
     episode_length,
 )
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, periodic_seed
-from runtime.gru import gru_sequence
+from runtime.gru import gru_sequence, reset_finished
 from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
 from runtime.optim import adam, check_finite, clip_grad_norm, optimize, soft_update
@@ -176,6 +177,7 @@ __all__ = [
     "make_eval_env",
     "optimize",
     "periodic_seed",
+    "reset_finished",
     "restore",
     "save_checkpoint",
     "setup",
