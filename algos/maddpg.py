@@ -285,7 +285,7 @@ def update(b, nets, optimizers, args, learners):
     """One MADDPG update from a batch-major batch `b`: every learning agent's critic, then its actor, then targets."""
     actors, critics = nets["actors"], nets["critics"]
     actor_targets, critic_targets = nets["actor_targets"], nets["critic_targets"]
-    specs = {g: a.spec for g, a in actors.items()}
+    specs = {g: actors[g].spec for g in learners}
     sizes = {g: s.n_agents for g, s in specs.items()}
     onehot = lambda a, s: F.one_hot(a, s.action_dim).float() if s.discrete else a  # noqa: E731
     actions = {g: onehot(b[f"actions_{g}"], s) for g, s in specs.items()}

@@ -334,7 +334,7 @@ def update(b, nets, optimizers, args, learners, target_entropy):
     """One MASAC update from a batch-major batch `b`: the twin critics, the actors, the temperatures, the targets."""
     actors, critics = nets["actors"], nets["critics"]
     critic_targets, alphas = nets["critic_targets"], nets["alphas"]
-    specs = {g: a.spec for g, a in actors.items()}
+    specs = {g: actors[g].spec for g in learners}
     sizes = {g: s.n_agents for g, s in specs.items()}
     onehot = lambda a, s: F.one_hot(a, s.action_dim).float() if s.discrete else a  # noqa: E731
     actions = {g: onehot(b[f"actions_{g}"], s) for g, s in specs.items()}

@@ -297,7 +297,7 @@ def update(b, nets, optimizers, args, learners, num_updates):
     """One MATD3 update from a batch-major batch `b`: the twin critics; every --policy-frequency: actors, targets."""
     actors, critics = nets["actors"], nets["critics"]
     actor_targets, critic_targets = nets["actor_targets"], nets["critic_targets"]
-    specs = {g: a.spec for g, a in actors.items()}
+    specs = {g: actors[g].spec for g in learners}
     sizes = {g: s.n_agents for g, s in specs.items()}
     onehot = lambda a, s: F.one_hot(a, s.action_dim).float() if s.discrete else a  # noqa: E731
     actions = {g: onehot(b[f"actions_{g}"], s) for g, s in specs.items()}

@@ -189,7 +189,8 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    specs = dict(env.groups)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
+    specs = {g: env.groups[g] for g in learners}
     if args.mean_over == "view" and (unplaced := [g for g, s in specs.items() if not s.has_positions]):
         raise ArgumentError(
             f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
