@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
@@ -179,7 +180,7 @@ def initial_hidden(comas, args, num_envs, device):  # group -> zero GRU states o
     }
 
 
-def acting(comas, args, device, greedy=True):
+def acting(comas, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the most probable (or a sampled) action, GRU states reset where
     episodes end (the evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -196,7 +197,7 @@ def acting(comas, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     coma = Coma(spec, int(np.prod(ckpt["signature"]["state_shape"])), args).to(device)

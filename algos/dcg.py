@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
@@ -182,7 +183,7 @@ def act(dcg, specs, obs, hidden, epsilon, rng, device, iterations):
     return dict(zip(specs, np.split(chosen, np.cumsum([s.n_agents for s in specs.values()])[:-1], 1), strict=True))
 
 
-def acting(dcg, specs, args, device, epsilon):
+def acting(dcg, specs, args, device, epsilon) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -201,7 +202,7 @@ def acting(dcg, specs, args, device, epsilon):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy), its agents coordinated by
     the same kind of graph among themselves: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])

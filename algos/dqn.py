@@ -10,6 +10,7 @@ import tyro
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
 from runtime import (
+    MakePolicy,
     Run,
     RunArgs,
     check_args,
@@ -96,6 +97,11 @@ def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
+def acting(q_network, device) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: greedy on the Q-values (the evaluations)."""
+    return lambda num_envs, rng: lambda obs, done: q_network(t(obs, device)).argmax(-1).cpu().numpy()
+
+
 NETWORK_FLAGS = ("dueling",)  # what a checkpoint's weights depend on
 
 
@@ -109,8 +115,7 @@ def main(args):
     target_network = QNetwork(int(np.prod(obs_shape)), n_actions, args.dueling).to(device)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
-    greedy = lambda obs, done: q_network(t(obs, device)).argmax(-1).cpu().numpy()  # noqa: E731
-    make_greedy = lambda n, rng: greedy  # noqa: E731
+    make_greedy = acting(q_network, device)  # evaluation: greedy (epsilon 0)
     nets = {"q_network": q_network, "target_network": target_network}
     fields = {
         "obs": (obs_shape, np.float32),

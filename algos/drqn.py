@@ -10,6 +10,7 @@ import tyro
 
 from buffers import EpisodeReplayBuffer, to_torch
 from runtime import (
+    MakePolicy,
     Run,
     RunArgs,
     check_args,
@@ -96,6 +97,24 @@ def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
+def acting(q_network, device) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: greedy on the recurrent Q-values, each episode from a zero GRU
+    state (the evaluations)."""
+
+    def make(num_envs, rng):
+        h = None
+
+        def act_fn(obs, done):
+            nonlocal h
+            h = reset_finished(h, done, env_dim=1)  # nn.GRU's state (1, E, H)
+            q, h = q_network(t(obs, device)[None], h)
+            return q[0].argmax(-1).cpu().numpy()
+
+        return act_fn
+
+    return make
+
+
 NETWORK_FLAGS = ("hidden_size",)  # what a checkpoint's weights depend on
 
 
@@ -110,17 +129,7 @@ def main(args):
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
 
-    def make_greedy(num_envs, rng):  # greedy (epsilon 0), each episode from a zero GRU state
-        h = None
-
-        def greedy(obs, done):
-            nonlocal h
-            h = reset_finished(h, done, env_dim=1)  # nn.GRU's state (1, E, H)
-            q, h = q_network(t(obs, device)[None], h)
-            return q[0].argmax(-1).cpu().numpy()
-
-        return greedy
-
+    make_greedy = acting(q_network, device)  # evaluation: greedy (epsilon 0)
     nets = {"q_network": q_network, "target_network": target_network}
     max_len = episode_length(args, env.unwrapped.get_attr("spec")[0].max_episode_steps)
     rb = EpisodeReplayBuffer(

@@ -11,6 +11,7 @@ from buffers import RolloutBuffer, team_fields, team_step, to_torch
 from runtime import (
     Categorical,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -176,12 +177,12 @@ def act(groups, obs, device, greedy=False):
     return actions, taken, logprobs
 
 
-def acting(groups, device, greedy=True):
+def acting(groups, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions` (the evaluations, and a checkpoint playing a group: `actor`)."""
     return lambda num_envs, rng: lambda obs, done: act(groups, obs, device, greedy)[0]
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     actors = GroupActors(spec, checkpoint_args(Args, ckpt["args"])).to(device)
     actors.load_state_dict(sub_state(ckpt["nets"]["happo"], f"groups.{group}."))

@@ -12,6 +12,7 @@ from buffers import RolloutBuffer, to_torch
 from runtime import (
     Categorical,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -224,7 +225,7 @@ def act(policies, obs, device, hidden, greedy=False):
     return actions, taken
 
 
-def acting(policies, args, device, greedy=True):
+def acting(policies, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the policies from zero hidden states, reset where episodes end
     (the evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -454,7 +455,7 @@ def update(pol, opt, rb, args, device, rng):
     )
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     pol = Policy(spec, args).to(device)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     adam,
@@ -181,13 +182,13 @@ def act(actors, obs, device, args, explore=True, uniform=False):
     return actions
 
 
-def acting(actors, args, device, greedy=True):
+def acting(actors, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: mu(o), or with exploration noise if not greedy (the
     evaluations, and a checkpoint playing a group: `actor`)."""
     return lambda num_envs, rng: lambda obs, done: act(actors, obs, device, args, explore=not greedy)
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     net = Actor(spec, args).to(device)

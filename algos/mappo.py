@@ -12,6 +12,7 @@ from buffers import RolloutBuffer, to_torch
 from runtime import (
     Categorical,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -228,7 +229,7 @@ def act(policies, obs, device, hidden, greedy=False):
     return actions, taken
 
 
-def acting(policies, args, device, greedy=True):
+def acting(policies, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the policies from zero hidden states, reset where episodes end
     (the evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -245,7 +246,7 @@ def acting(policies, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     pol = Policy(spec, int(np.prod(ckpt["signature"]["state_shape"])), args).to(device)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
 from runtime import (
     ArgumentError,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     adam,
@@ -197,13 +198,13 @@ def act(actors, obs, device, explore=True, uniform=False):
     return actions
 
 
-def acting(actors, device, greedy=True):
+def acting(actors, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the policy's mode, or samples of it if not greedy (the
     evaluations, and a checkpoint playing a group: `actor`)."""
     return lambda num_envs, rng: lambda obs, done: act(actors, obs, device, explore=not greedy)
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     net = Actor(spec, args).to(device)

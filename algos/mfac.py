@@ -12,6 +12,7 @@ from buffers import RolloutBuffer, to_torch
 from buffers.kernels import neighbour_mean_actions
 from runtime import (
     ArgumentError,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
@@ -127,12 +128,18 @@ def value(agents, obs, mean, device, avail=None):
     return (probs * agents.q(o, t(mean, device))).sum(-1).cpu().numpy()
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def acting(agents, specs, args, device, greedy=True) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: the mode of pi, or samples of it if not greedy (the evaluations,
+    and a checkpoint playing a group: `actor`)."""
+    return lambda num_envs, rng: lambda obs, done: act(agents, specs, obs, device, args, greedy)[0]
+
+
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     agents = nn.ModuleDict({group: Agents(spec, args)}).to(device)
     agents[group].load_state_dict(sub_state(ckpt["nets"]["mfac"], f"agents.{group}."))
-    return lambda num_envs, rng: lambda obs, done: act(agents, {group: spec}, obs, device, args, greedy)[0]
+    return acting(agents, {group: spec}, args, device, greedy)
 
 
 NETWORK_FLAGS = ("hidden_size",)  # what the weights depend on
@@ -162,7 +169,7 @@ def main(args):
         )
     mfac = MFAC(specs, args).to(device)
     optimizer = torch.optim.Adam(mfac.parameters(), lr=args.learning_rate)
-    make_greedy = lambda n, rng: lambda obs, done: act(mfac.agents, specs, obs, device, args, greedy=True)[0]  # noqa: E731
+    make_greedy = acting(mfac.agents, specs, args, device)  # evaluation: the most probable action
     run = Run(
         args,
         ALGO,

@@ -13,6 +13,7 @@ from buffers import ReplayBuffer, to_torch
 from buffers.kernels import neighbour_mean_actions
 from runtime import (
     ArgumentError,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
@@ -144,7 +145,7 @@ def zero_means(specs, num_envs):
     return {g: np.zeros((num_envs, s.n_agents, s.action_dim), np.float32) for g, s in specs.items()}
 
 
-def acting(agents, specs, args, device, greedy=True):
+def acting(agents, specs, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the policy on the previous step's mean action, zeros at an
     episode's start (the evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -164,7 +165,7 @@ def acting(agents, specs, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (greedy, or Boltzmann at --temperature-end): --opponent,
     --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])

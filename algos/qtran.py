@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
@@ -154,7 +155,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
     return actions
 
 
-def acting(agents, specs, args, device, epsilon):
+def acting(agents, specs, args, device, epsilon) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -173,7 +174,7 @@ def acting(agents, specs, args, device, epsilon):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])

@@ -11,6 +11,7 @@ from buffers import RolloutBuffer, team_fields, team_step, to_torch
 from runtime import (
     Categorical,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
@@ -182,7 +183,7 @@ def act(net, obs, h, device, greedy=False):
     return actions, taken, logprobs, h, net.denormalized(net.team_value(h, alive))
 
 
-def acting(net, args, device, greedy=True):
+def acting(net, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: from zero hidden states, reset where episodes end (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -200,7 +201,7 @@ def acting(net, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor, its agents talking among themselves: --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
