@@ -11,6 +11,7 @@ from torch.distributions import Normal
 from buffers import RolloutBuffer, to_torch
 from runtime import (
     Categorical,
+    GroupLinear,
     InputNorm,
     MakePolicy,
     MultiAgentArgs,
@@ -89,20 +90,16 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """total_timesteps // batch_size"""
 
 
-class GroupLinear(nn.Module):
-    """n independent linear layers along the agent axis (n=1: one layer shared by every agent)."""
+def layer_init(layer, std=2**0.5, ortho=True):  # orthogonal weights, one matrix per agent (else torch's default)
+    for w in layer.weight.data:
+        nn.init.orthogonal_(w, std) if ortho else nn.init.kaiming_uniform_(w.T, a=5**0.5)
+    return layer  # biases stay zero
 
-    def __init__(self, n, d_in, d_out, std=2**0.5, ortho=True):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n, d_in, d_out))
-        self.bias = nn.Parameter(torch.zeros(n, 1, d_out))
-        for w in self.weight.data:
-            nn.init.orthogonal_(w, std) if ortho else nn.init.kaiming_uniform_(w.T, a=5**0.5)
 
-    def forward(self, x):  # (B, A, d_in) -> (B, A, d_out), product and bias in one op
-        if self.weight.shape[0] == 1:  # shared: every agent of every env one row
-            return torch.baddbmm(self.bias, x.reshape(1, -1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-        return torch.baddbmm(self.bias, x.transpose(0, 1), self.weight).transpose(0, 1)  # agent a: its own layer
+def per_agent(layer, x):  # a GroupLinear on (B, A, d_in) rows -> (B, A, d_out), product and bias in one op
+    if len(layer.weight) == 1:  # shared: every agent of every env one row of the one stack
+        return layer(x.reshape(1, -1, x.shape[-1])).view(*x.shape[:-1], -1)
+    return layer(x.transpose(0, 1)).transpose(0, 1)  # agent a: stack a, its own layer
 
 
 class GroupGRU(nn.Module):
@@ -110,13 +107,15 @@ class GroupGRU(nn.Module):
 
     def __init__(self, n, h, ortho=True):
         super().__init__()
-        self.x2g, self.h2g = GroupLinear(n, h, 3 * h, 1.0, ortho), GroupLinear(n, h, 3 * h, 1.0, ortho)
+        self.x2g = layer_init(GroupLinear(n, h, 3 * h), 1.0, ortho)
+        self.h2g = layer_init(GroupLinear(n, h, 3 * h), 1.0, ortho)
 
     def forward(self, x, hx, keep=None):  # keep (L, N): x holds N sequences of L steps (time-major), hx their start
         if keep is not None:  # every step's state: the input gates in one product, the recurrence in one call
-            return gru_sequence(self.x2g(x).unflatten(0, keep.shape), hx, *self.h2g.parameters(), keep).flatten(0, 1)
-        xr, xz, xn = self.x2g(x).chunk(3, -1)
-        hr, hz, hn = self.h2g(hx).chunk(3, -1)
+            gx = per_agent(self.x2g, x).unflatten(0, keep.shape)
+            return gru_sequence(gx, hx, *self.h2g.parameters(), keep).flatten(0, 1)
+        xr, xz, xn = per_agent(self.x2g, x).chunk(3, -1)
+        hr, hz, hn = per_agent(self.h2g, hx).chunk(3, -1)
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
         return (1 - z) * torch.tanh(xn + r * hn) + z * hx
 
@@ -128,19 +127,19 @@ class Net(nn.Module):
         super().__init__()
         h, o = args.hidden_size, args.ortho_init
         self.norm = nn.LayerNorm(d_in) if feature_norm(args) == "layer" else nn.Identity()
-        self.fc = GroupLinear(n, d_in, h, ortho=o)
-        self.mid = GroupGRU(n, h, o) if args.rnn else GroupLinear(n, h, h, ortho=o)
-        self.head = GroupLinear(n, h, d_out, std=out_std, ortho=o)
+        self.fc = layer_init(GroupLinear(n, d_in, h), ortho=o)
+        self.mid = GroupGRU(n, h, o) if args.rnn else layer_init(GroupLinear(n, h, h), ortho=o)
+        self.head = layer_init(GroupLinear(n, h, d_out), out_std, o)
 
     def forward(self, x, hx=None, keep=None):  # -> (B, A, d_out) and the next hidden state (None without --rnn)
-        return self.trunk(self.fc(self.norm(x)), hx, keep)
+        return self.trunk(per_agent(self.fc, self.norm(x)), hx, keep)
 
     def trunk(self, x, hx=None, keep=None):  # the rest, from the first layer's output (B, A, h)
         x = torch.relu(x)
         if hx is None:
-            return self.head(torch.relu(self.mid(x))), None
+            return per_agent(self.head, torch.relu(per_agent(self.mid, x))), None
         hs = self.mid(x, hx, keep)  # one step, or with keep (L, N) all L*N (the next state: the last N)
-        return self.head(hs), hs[-len(hx) :]
+        return per_agent(self.head, hs), hs[-len(hx) :]
 
 
 class Policy(nn.Module):

@@ -96,10 +96,10 @@ Modules: `args` (the shared flags, env construction, and freed memory kept for r
 `checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the NaN guard, the guarded optimizer
 step with per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
 policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over a
-whole sequence in one call, and the reset of hidden states where episodes end), `mlp` (the acting pass of a feed-forward
-network in one call), `norm` (running mean/std of value targets and inputs, and the --feature-norm flag), `evaluation`
-(protocol v2), `run` (run dir, lock, writer, signals), `opponents` (groups frozen to random, to any script's checkpoint,
-or to self-play).
+whole sequence in one call, and the reset of hidden states where episodes end), `layers` (GroupLinear: n agents' linear
+layers in one batched product), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running mean/std
+of value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer,
+signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -137,6 +137,7 @@ from runtime.checks import (
 )
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, periodic_seed
 from runtime.gru import gru_sequence, reset_finished
+from runtime.layers import GroupLinear
 from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
 from runtime.opponents import Act, CheckpointActor, MakePolicy
@@ -151,6 +152,7 @@ __all__ = [
     "adam",
     "FINAL_EPISODES",
     "FINAL_SEED",
+    "GroupLinear",
     "INPUT_CLIP",
     "InputNorm",
     "ArgumentError",
