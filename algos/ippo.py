@@ -164,10 +164,16 @@ class Policy(nn.Module):
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1) if self.with_id else x
 
+    def forward_net(self, net, obs, hx=None, keep=None):
+        """`net` (actor or critic) on the observations (B, A, *obs_shape): Net, or when acting its whole pass in one
+        compiled call (runtime/mlp.py), held equal to it by test_the_compiled_acting_pass_equals_the_modules in
+        tests/test_mlp.py."""
+        if hx is None and fast_acting(obs, net):
+            return mlp_forward(net, obs.flatten(2), self.obs_norm, self.with_id), None
+        return net(self.inputs(obs), hx, keep)
+
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
-        if hx is None and fast_acting(obs, self.actor):  # acting: the same pass in one compiled call (runtime/mlp.py)
-            return mlp_forward(self.actor, obs.flatten(2), self.obs_norm, self.with_id), None
-        return self.actor(self.inputs(obs), hx, keep)
+        return self.forward_net(self.actor, obs, hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
@@ -175,9 +181,7 @@ class Policy(nn.Module):
         return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, obs, hx=None, keep=None):  # (B, A, *obs_shape) -> normalized V (B, A), next hidden
-        if hx is None and fast_acting(obs, self.critic):  # acting: as actor_out
-            return mlp_forward(self.critic, obs.flatten(2), self.obs_norm, self.with_id).squeeze(-1), None
-        v, hx = self.critic(self.inputs(obs), hx, keep)
+        v, hx = self.forward_net(self.critic, obs, hx, keep)
         return v.squeeze(-1), hx
 
     def value(self, obs, hx=None):  # V in return units (numpy) and the next hidden state

@@ -121,7 +121,8 @@ class GroupGRU(nn.Module):
 
 
 class Net(nn.Module):
-    """[LayerNorm] -> Linear -> ReLU -> Linear -> ReLU (--rnn: a GRU cell) -> Linear, on (B, A, d_in)."""
+    """[LayerNorm] -> Linear -> ReLU -> Linear -> ReLU (--rnn: a GRU cell) -> Linear, on (B, A, d_in): the one
+    definition of the network, which Policy.forward_net's two fast paths compute too."""
 
     def __init__(self, n, d_in, d_out, args, out_std):
         super().__init__()
@@ -166,10 +167,24 @@ class Policy(nn.Module):
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1) if self.with_id else x
 
+    def forward_net(self, net, x, norm, hx=None, keep=None):
+        """`net` (actor or critic) on inputs x (B, A, d), or on a state x (B, S) that every agent sees, normalized by
+        `norm`, with the agents' ids: Net, or where they serve its two fast paths, each held equal to it by a test.
+        Acting: the whole pass in one compiled call (runtime/mlp.py; test_the_compiled_acting_pass_equals_the_modules
+        in tests/test_mlp.py). A state with ids: its part of the first layer once, not per agent (state_id_layer;
+        test_critic_takes_the_state_once_and_equals_the_per_agent_input in tests/test_mappo.py)."""
+        A = self.spec.n_agents
+        if hx is None and fast_acting(x, net):
+            return mlp_forward(net, x, norm, self.with_id, A), None
+        x = norm(x)
+        if x.dim() == 2 and self.with_id:
+            return net.trunk(state_id_layer(net, x, A), hx, keep)
+        if x.dim() == 2:
+            x = x.unsqueeze(1).expand(-1, A, -1)
+        return net(self._with_id(x), hx, keep)
+
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
-        if hx is None and fast_acting(obs, self.actor):  # acting: the same pass in one compiled call (runtime/mlp.py)
-            return mlp_forward(self.actor, obs.flatten(2), self.obs_norm, self.with_id), None
-        return self.actor(self._with_id(self.obs_norm(obs.flatten(2))), hx, keep)
+        return self.forward_net(self.actor, obs.flatten(2), self.obs_norm, hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
@@ -177,14 +192,7 @@ class Policy(nn.Module):
         return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, state, hx=None, keep=None):  # (B, *S) -> normalized V per agent (B, A), next hidden
-        s = state.flatten(1)
-        if hx is None and fast_acting(s, self.critic):  # acting: as actor_out, every agent seeing the state
-            return mlp_forward(self.critic, s, self.state_norm, self.with_id, self.spec.n_agents).squeeze(-1), None
-        s = self.state_norm(s)  # every agent sees it (with its id: one first layer, not A)
-        if self.with_id:
-            v, hx = self.critic.trunk(state_id_layer(self.critic, s, self.spec.n_agents), hx, keep)
-        else:
-            v, hx = self.critic(s.unsqueeze(1).expand(-1, self.spec.n_agents, -1), hx, keep)
+        v, hx = self.forward_net(self.critic, state.flatten(1), self.state_norm, hx, keep)
         return v.squeeze(-1), hx
 
     def value(self, state, hx=None):  # V in return units (numpy) and the next hidden state
