@@ -45,11 +45,14 @@ def declare_entities(env: VecEnv, env_id: str, env_kwargs: dict) -> VecEnv:
 
 def relations(obs: np.ndarray, entities) -> np.ndarray:
     """(..., D) observations -> (..., 2 L): for each of the L landmarks, d_il, then for each, m_il."""
-    blocks = {kind: obs[..., start : start + 2 * n].reshape(*obs.shape[:-1], n, 2) for kind, start, n in entities}
-    landmarks, others = blocks["landmarks"], blocks["agents"]  # (..., L, 2), (..., K, 2): relative to the agent
-    own = np.linalg.norm(landmarks, axis=-1)
-    nearest = np.linalg.norm(landmarks[..., :, None, :] - others[..., None, :, :], axis=-1).min(-1)
-    return np.concatenate([own, nearest], -1).astype(obs.dtype)
+    at = {kind: (start, n) for kind, start, n in entities}
+    (lm, n_lm), (ag, n_ag) = at["landmarks"], at["agents"]
+    lx, ly = obs[..., lm : lm + 2 * n_lm : 2], obs[..., lm + 1 : lm + 2 * n_lm : 2]  # (..., L): relative to the agent
+    ox, oy = obs[..., ag : ag + 2 * n_ag : 2], obs[..., ag + 1 : ag + 2 * n_ag : 2]  # (..., K)
+    own = np.sqrt(lx * lx + ly * ly)
+    dx, dy = lx[..., :, None] - ox[..., None, :], ly[..., :, None] - oy[..., None, :]  # (..., L, K): landmark - other
+    nearest = np.sqrt((dx * dx + dy * dy).min(-1))  # the root of the least square: one root per landmark
+    return np.concatenate([own, nearest], -1).astype(obs.dtype, copy=False)
 
 
 def relation_groups(env: VecEnv, env_id: str) -> list[str]:
@@ -57,10 +60,14 @@ def relation_groups(env: VecEnv, env_id: str) -> list[str]:
     kinds = {g: {kind: n for kind, _, n in s.entities} for g, s in env.groups.items()}
     groups = [g for g, k in kinds.items() if k.get("landmarks", 0) > 0 and k.get("agents", 0) > 0]
     if not groups:
-        declared = "declares no observation layout (envs/relations.py: LAYOUTS)" if not any(kinds.values()) else (
-            "has no landmarks or no other agents in its observations")  # fmt: skip
-        raise ValueError(f"--relations compares each landmark's distance with the other agents', and {env_id} "
-                         f"{declared}; drop --relations")  # fmt: skip
+        if any(kinds.values()):
+            declared = "has no landmarks or no other agents in its observations"
+        else:
+            declared = "declares no observation layout (envs/relations.py: LAYOUTS)"
+        raise ValueError(
+            f"--relations compares each landmark's distance with the other agents', and {env_id} {declared}; "
+            "drop --relations"
+        )
     return groups
 
 
@@ -95,7 +102,10 @@ class WithRelations(VecEnv):
 
     def step(self, actions) -> StepResult:
         step = self.env.step(actions)
-        return dataclasses.replace(step, next=self.extend(step.next), final=self.extend(step.final))
+        after = self.extend(step.next)  # no env finished: `final` is `next` (the backends hand back one object)
+        return dataclasses.replace(
+            step, next=after, final=after if step.final is step.next else self.extend(step.final)
+        )
 
     def render(self, env_index: int = 0) -> np.ndarray:
         return self.env.render(env_index)

@@ -265,3 +265,36 @@ def test_spread_relation_layer_ignores_the_order_of_landmarks_and_of_other_agent
     moved = x.clone()
     moved[..., 10] += 1.0  # another agent elsewhere: another output
     assert (enc(moved) - enc(x)).abs().max() > 1e-4
+
+
+def test_spread_study_tables_and_plots_each_setting_against_n_beside_the_levels(tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    import spread_study
+
+    out = tmp_path / "agents"
+    out.mkdir()
+    shutil.copy(spread_study.OUT / "levels.json", out / "levels.json")
+
+    def row(algo, n, finals, steps=10_000_000):
+        kwargs = json.dumps({"N": n}) if n != 3 else "{}"
+        per_seed = [{"seed": i, "final_policy": {"mean": f}} for i, f in enumerate(finals)]
+        return {"algo": algo, "config": {"env_kwargs": kwargs}, "per_seed": per_seed, "total_timesteps": steps}
+
+    (out / "mappo-relations-n6.json").write_text(json.dumps(row("mappo-relations-n6", 6, [-17.0, -15.0])))
+    (out / "mappo-relations.json").write_text(json.dumps(row("mappo-relations", 3, [-8.0])))
+    (tmp_path / "mappo.json").write_text(json.dumps(row("mappo", 3, [-8.5, -8.1, -8.3], 5_000_000)))
+    monkeypatch.setattr(spread_study, "TASK", tmp_path)
+    monkeypatch.setattr(spread_study, "OUT", out)
+    assert spread_study.main() == 0
+    table = (out / "returns.md").read_text()
+    assert (
+        "| mappo-relations | -8.00 (1 seeds x 10M; -8.00 to -8.00) | – | -16.00 (2 seeds x 10M; -17.00 to -15.00) |"
+        in table
+    )
+    assert "| mappo | -8.30 (3 seeds x 5M; -8.50 to -8.10) | – | – |" in table
+    assert "| scripted controller | -8.81 | -10.73 | -14.63 |" in table
+    first = (out / "returns.png").read_bytes()
+    spread_study.main()
+    assert (out / "returns.png").read_bytes() == first  # the JSON alone decides the bytes

@@ -141,6 +141,7 @@ PROBES = {
     "spread_behaviour.py",
     "spread_credit.py",
     "spread_encoder.py",
+    "spread_study.py",
 }
 
 

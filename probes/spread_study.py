@@ -1,0 +1,116 @@
+"""simple_spread_v3 against the number of agents (issue 46): the learners' rows beside the levels: a table, a plot.
+
+    python probes/spread_study.py        # -> results/simple_spread_v3/agents/returns.md and returns.png
+
+Reads every row in results/simple_spread_v3/agents/ (result JSON of results/collect.py, moved there so the task's
+own table of N = 3 rows stays as it is; N from each row's --env-kwargs), the published N = 3 rows named in PUBLISHED,
+and the levels of probes/spread_levels.py (agents/levels.json). A row's point is the mean over its seeds of each
+seed's final policy (protocol v2's 1,000 fixed episodes of mpe2's own env), its bar the spread of the seeds (min to
+max). The output depends on the JSON only (no clock, no matplotlibrc).
+"""
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "results" / "simple_spread_v3"
+OUT = TASK / "agents"
+PUBLISHED = ("mappo",)  # the task's own rows (N = 3, defaults, 10M): the study's N = 3 points for these
+LEVELS = (("scripted", "scripted controller"), ("nearest", "nearest landmark"), ("no-op", "stand still"))
+
+
+def n_agents(result: dict) -> int:
+    kwargs = result["config"].get("env_kwargs") or "{}"
+    return int((json.loads(kwargs) if isinstance(kwargs, str) else kwargs).get("N", 3))
+
+
+def setting(result: dict) -> str:
+    """The row's label without its N: `mappo-relations-n6` -> `mappo-relations`."""
+    return re.sub(r"-n\d+$", "", result["algo"])
+
+
+def rows() -> dict[str, dict[int, dict]]:
+    """setting -> N -> {mean, min, max, seeds, steps} of the seeds' final policies."""
+    results = [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json")) if p.name != "levels.json"]
+    results += [json.loads((TASK / f"{a}.json").read_text()) for a in PUBLISHED if (TASK / f"{a}.json").exists()]
+    table: dict[str, dict[int, dict]] = {}
+    for r in results:
+        finals = [s["final_policy"]["mean"] for s in r["per_seed"] if s.get("final_policy")]
+        if finals:
+            point = dict(
+                mean=sum(finals) / len(finals),
+                min=min(finals),
+                max=max(finals),
+                seeds=len(finals),
+                steps=r["total_timesteps"],
+            )
+            table.setdefault(setting(r), {})[n_agents(r)] = point
+    return table
+
+
+def levels() -> dict[str, dict[int, float]]:
+    data = json.loads((OUT / "levels.json").read_text())
+    return {key: {row["N"]: row[key]["mean"] for row in data["rows"]} for key, _ in LEVELS}
+
+
+def steps(n: int) -> str:
+    return f"{n / 1e6:g}M"
+
+
+def markdown(table, level) -> str:
+    ns = sorted({n for points in level.values() for n in points})
+    lines = ["| setting | " + " | ".join(f"N = {n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
+    for name, label in LEVELS:
+        lines.append(f"| {label} | " + " | ".join(f"{level[name][n]:.2f}" for n in ns) + " |")
+    for name, points in sorted(table.items()):
+        cells = [
+            f"{p['mean']:.2f} ({p['seeds']} seeds x {steps(p['steps'])}; {p['min']:.2f} to {p['max']:.2f})"
+            if (p := points.get(n))
+            else "–"
+            for n in ns
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table, level, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()
+        fig = Figure(figsize=(6.4, 4.6), dpi=100, layout="constrained")
+        ax = fig.subplots()
+        for (name, label), style in zip(LEVELS, ("--", "-.", ":"), strict=True):
+            ns = sorted(level[name])
+            ax.plot(ns, [level[name][n] for n in ns], color="grey", linestyle=style, marker=".", label=label)
+        for name, points in sorted(table.items()):
+            ns = sorted(points)
+            mean = [points[n]["mean"] for n in ns]
+            err = [
+                [points[n]["mean"] - points[n]["min"] for n in ns],
+                [points[n]["max"] - points[n]["mean"] for n in ns],
+            ]
+            ax.errorbar(ns, mean, yerr=err, marker="o", capsize=3, label=name)
+        ax.set_xticks(sorted({n for p in level.values() for n in p}))
+        ax.set_xlabel("agents (and landmarks), N")
+        ax.set_ylabel("final policy: return per agent (1,000 fixed episodes)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.suptitle("simple_spread_v3 against N: mean of the seeds, bars from the worst seed to the best", fontsize=10)
+        fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def main() -> int:
+    table, level = rows(), levels()
+    (OUT / "returns.md").write_text(markdown(table, level))
+    plot(table, level, OUT / "returns.png")
+    print(markdown(table, level), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
