@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "results" / "simple_spread_v3"
 OUT = TASK / "agents"
-PUBLISHED = ("mappo",)  # the task's own rows (N = 3, defaults, 10M): the study's N = 3 points for these
+PUBLISHED = ("mappo", "mappo-relations", "mappo-3m", "ippo-3m")  # the task's own rows (N = 3; 10M, and 3M cells)
 LEVELS = (("scripted", "scripted controller"), ("nearest", "nearest landmark"), ("no-op", "stand still"))
 
 
@@ -26,12 +26,14 @@ def n_agents(result: dict) -> int:
 
 
 def setting(result: dict) -> str:
-    """The row's label without its N: `mappo-relations-n6` -> `mappo-relations`."""
-    return re.sub(r"-n\d+$", "", result["algo"])
+    """The row's label without its N and budget, then its budget: `mappo-relations-n6` (10M) -> `mappo-relations,
+    10M`; `mappo-n6-3m` and `mappo-3m` -> `mappo, 3M`."""
+    name = re.sub(r"-(n\d+|\d+m)(?=-|$)", "", result["algo"])
+    return f"{name}, {steps(result['total_timesteps'])}"
 
 
 def rows() -> dict[str, dict[int, dict]]:
-    """setting -> N -> {mean, min, max, seeds, steps} of the seeds' final policies."""
+    """setting (with its budget) -> N -> {mean, min, max, seeds, steps} of the seeds' final policies."""
     results = [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json")) if p.name != "levels.json"]
     results += [json.loads((TASK / f"{a}.json").read_text()) for a in PUBLISHED if (TASK / f"{a}.json").exists()]
     table: dict[str, dict[int, dict]] = {}
@@ -58,19 +60,20 @@ def steps(n: int) -> str:
     return f"{n / 1e6:g}M"
 
 
+def cell(p: dict | None) -> str:
+    if p is None:
+        return "–"
+    seeds = f"{p['seeds']} seed{'s' * (p['seeds'] > 1)}"
+    return f"{p['mean']:.2f} ({seeds}; {p['min']:.2f} to {p['max']:.2f})"
+
+
 def markdown(table, level) -> str:
     ns = sorted({n for points in level.values() for n in points})
     lines = ["| setting | " + " | ".join(f"N = {n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
     for name, label in LEVELS:
         lines.append(f"| {label} | " + " | ".join(f"{level[name][n]:.2f}" for n in ns) + " |")
     for name, points in sorted(table.items()):
-        cells = [
-            f"{p['mean']:.2f} ({p['seeds']} seeds x {steps(p['steps'])}; {p['min']:.2f} to {p['max']:.2f})"
-            if (p := points.get(n))
-            else "–"
-            for n in ns
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cell(points.get(n)) for n in ns) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -140,6 +140,16 @@ def run_dir_for(out: Path, env_id: str, algo: str, seed: int) -> Path:
     return Path(out) / "runs" / env_id / algo / f"seed{seed}"
 
 
+def env_kwargs_of(result: dict) -> dict:
+    """The --env-kwargs a result's runs trained and were evaluated with, less those at the env's own default (an MPE
+    id's, e.g. simple_spread_v3's N = 3): {} for the standard env."""
+    from envs.mpe.scenarios import SCENARIOS
+
+    kwargs = json.loads(result["config"].get("env_kwargs") or "{}")
+    defaults = SCENARIOS[result["env_id"]].defaults() if result["env_id"] in SCENARIOS else {}
+    return {k: v for k, v in kwargs.items() if k not in defaults or defaults[k] != v}
+
+
 def read_json(path: Path) -> dict | None:
     """A JSON file's content, or None when it is missing or unreadable."""
     try:
@@ -759,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     paths, errors = collect(args.out, groups)
     for path in paths:
         print(f"wrote {path}")
-        if (kwargs := json.loads(read_json(path)["config"].get("env_kwargs") or "{}")) != {}:
+        if kwargs := env_kwargs_of(read_json(path)):
             print(
                 f"note: {path.parent.name}/{path.stem} trained and was evaluated with --env-kwargs "
                 f"'{json.dumps(kwargs)}': its returns are of that env, not the standard one",

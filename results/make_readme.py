@@ -27,7 +27,7 @@ from pathlib import Path
 import eval_final
 import numpy as np
 import tyro
-from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result, read_json, result_paths
+from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result, env_kwargs_of, read_json, result_paths
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
 CURVES_NAME = "curves.png"
@@ -109,11 +109,6 @@ def config_drift(result: dict) -> str | None:
         return None
     added = [key for key in options if key not in recorded]
     return f"{', '.join(changed)}" + (f"; options added since: {', '.join(added)}" if added else "")
-
-
-def env_kwargs_of(result: dict) -> dict:
-    """The --env-kwargs a result's runs trained and were evaluated with ({} for the standard env)."""
-    return json.loads(result["config"].get("env_kwargs") or "{}")
 
 
 def fmt(x: float | None, digits: int = 2) -> str:

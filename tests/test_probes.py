@@ -289,11 +289,8 @@ def test_spread_study_tables_and_plots_each_setting_against_n_beside_the_levels(
     monkeypatch.setattr(spread_study, "OUT", out)
     assert spread_study.main() == 0
     table = (out / "returns.md").read_text()
-    assert (
-        "| mappo-relations | -8.00 (1 seeds x 10M; -8.00 to -8.00) | – | -16.00 (2 seeds x 10M; -17.00 to -15.00) |"
-        in table
-    )
-    assert "| mappo | -8.30 (3 seeds x 5M; -8.50 to -8.10) | – | – |" in table
+    assert "| mappo-relations, 10M | -8.00 (1 seed; -8.00 to -8.00) | – | -16.00 (2 seeds; -17.00 to -15.00) |" in table
+    assert "| mappo, 5M | -8.30 (3 seeds; -8.50 to -8.10) | – | – |" in table
     assert "| scripted controller | -8.81 | -10.73 | -14.63 |" in table
     first = (out / "returns.png").read_bytes()
     spread_study.main()

@@ -384,8 +384,12 @@ def test_a_row_from_before_a_flag_is_stale_when_the_flags_new_default_differs_fr
 
 def test_a_row_trained_on_other_env_kwargs_says_so_in_its_section_and_when_collected(local_sweep, tmp_path, capsys):
     """--env-kwargs change what a row's returns measure (simple_spread's local_ratio: another reward); the section
-    marks such a row and names its kwargs, and collect.py says it on the way in. A standard row gets neither."""
+    marks such a row and names its kwargs, and collect.py says it on the way in. A standard row gets neither, nor
+    does one whose kwargs spell out the env's own defaults."""
     out, result, path = published_row(tmp_path, "simple_spread_v3", "mappo-continuous")
+    assert "(env kwargs)" not in make_readme.generate(out).read_text()
+    result["config"]["env_kwargs"] = '{"N": 3, "local_ratio": 0.5}'  # simple_spread_v3's defaults
+    path.write_text(json.dumps(result))
     assert "(env kwargs)" not in make_readme.generate(out).read_text()
     result["config"]["env_kwargs"] = '{"local_ratio": 0.0}'
     path.write_text(json.dumps(result))
