@@ -614,10 +614,10 @@ def test_numba_backend_delegates_or_fails_clearly(monkeypatch):
     monkeypatch.setitem(sys.modules, "envs.mpe", None)  # as if envs/mpe did not exist
     with pytest.raises(envs.EnvNotAvailableError, match="the Numba MPE backend is not available"):
         envs.make("simple_spread_v3", backend="numba")
-    calls = []
-    fake = types.SimpleNamespace(make_vec=lambda *args, **kwargs: calls.append((args, kwargs)) or "vec")
+    calls, vec = [], types.SimpleNamespace(groups={})  # a backend's env, whose (no) groups make declares a layout on
+    fake = types.SimpleNamespace(make_vec=lambda *args, **kwargs: calls.append((args, kwargs)) or vec)
     monkeypatch.setitem(sys.modules, "envs.mpe", fake)
-    assert envs.make("simple_spread_v3", num_envs=4, seed=2, backend="numba", N=5) == "vec"
+    assert envs.make("simple_spread_v3", num_envs=4, seed=2, backend="numba", N=5) is vec
     assert calls == [(("simple_spread_v3", 4, 2), {"N": 5})]
     with pytest.raises(ValueError, match="unknown backend"):
         envs.make("simple_spread_v3", backend="jax")
