@@ -10,15 +10,18 @@ import torch.nn.functional as F
 
 from buffers import RolloutBuffer, to_torch
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     gru_sequence,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
 )
 
@@ -177,7 +180,7 @@ def initial_hidden(comas, args, num_envs, device):  # group -> zero GRU states o
     }
 
 
-def acting(comas, args, device, greedy=True):
+def acting(comas, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the most probable (or a sampled) action, GRU states reset where
     episodes end (the evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -185,9 +188,8 @@ def acting(comas, args, device, greedy=True):
         hidden = initial_hidden(comas, args, num_envs, device)
 
         def act_fn(obs, done):
-            if done is not None and args.rnn:
-                for h in hidden.values():
-                    h[torch.as_tensor(done)] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done)
             return act(comas, obs, hidden, 0.0, device, greedy)
 
         return act_fn
@@ -195,7 +197,7 @@ def acting(comas, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     coma = Coma(spec, int(np.prod(ckpt["signature"]["state_shape"])), args).to(device)
@@ -282,8 +284,7 @@ def main(args):
                     )
                 for g, spec in env.groups.items():
                     last_actions[g] = np.where(step.done[:, None], spec.action_dim, actions[g])  # "none" at a start
-                    if hidden[g] is not None:
-                        hidden[g][torch.as_tensor(step.done)] = 0.0  # the next episodes start from zero
+                hidden = reset_finished(hidden, step.done)  # the next episodes start from zero
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next
@@ -394,6 +395,7 @@ def update(coma, actor_opt, critic_opt, rb, after, epsilon, args, device):
     for _ in range(args.critic_updates):
         q = q_taken(coma.critic, mb["state"], mb["obs"], actions, mask, last)[0]
         critic_loss = masked_mean(mask, (q - returns) ** 2)
+        check_finite(critic_loss, f"group {coma.spec.name}: the critic loss", "lower --critic-lr")
         critic_opt.zero_grad()
         critic_loss.backward()
         nn.utils.clip_grad_norm_(coma.critic.parameters(), args.max_grad_norm)
@@ -405,11 +407,7 @@ def update(coma, actor_opt, critic_opt, rb, after, epsilon, args, device):
     advantages = counterfactual_advantages(q_all, pi.detach(), actions)
     logp = torch.log(pi.gather(-1, actions[..., None]).squeeze(-1).clamp(min=1e-10))
     policy_loss = -masked_mean(mask, advantages * logp)
-    if not (torch.isfinite(policy_loss) and torch.isfinite(critic_loss)):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"group {coma.spec.name}: the losses became {policy_loss.item()} (policy) and "
-            f"{critic_loss.item()} (critic); lower --actor-lr / --critic-lr"
-        )
+    check_finite(policy_loss, f"group {coma.spec.name}: the policy loss", "lower --actor-lr")
     actor_opt.zero_grad()
     policy_loss.backward()
     nn.utils.clip_grad_norm_(coma.actor.parameters(), args.max_grad_norm)

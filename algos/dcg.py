@@ -11,16 +11,19 @@ import torch.nn.functional as F
 
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
     episode_length,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
     soft_update,
     sub_state,
@@ -180,7 +183,7 @@ def act(dcg, specs, obs, hidden, epsilon, rng, device, iterations):
     return dict(zip(specs, np.split(chosen, np.cumsum([s.n_agents for s in specs.values()])[:-1], 1), strict=True))
 
 
-def acting(dcg, specs, args, device, epsilon):
+def acting(dcg, specs, args, device, epsilon) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -190,9 +193,8 @@ def acting(dcg, specs, args, device, epsilon):
         }
 
         def act_fn(obs, done):
-            if done is not None:
-                for h in hidden.values():
-                    h[:, done] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done, env_dim=1)  # nn.GRU's states (1, E, A, H)
             return act(dcg, specs, obs, hidden, epsilon, rng, device, args.msg_iterations)
 
         return act_fn
@@ -200,7 +202,7 @@ def acting(dcg, specs, args, device, epsilon):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy), its agents coordinated by
     the same kind of graph among themselves: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
@@ -257,8 +259,7 @@ def main(args):
             rb.add(**team_step(obs, actions, step, specs))
             if (done := np.flatnonzero(step.done)).size:
                 rb.finish(done, **agent_views(step.final, specs, envs=done))
-                for h in hidden.values():
-                    h[:, done] = 0.0  # the next episode starts from a zero state
+                hidden = reset_finished(hidden, step.done, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 
@@ -363,10 +364,7 @@ def update(dcg, target, optimizer, rb, args, device, rng):
         next_q = target.q_value(target_f_i[1:], target.payoffs(target_features[1:]), greedy, alive[1:])
         targets = mb["reward"][:-1] + args.gamma * (1.0 - mb["terminated"][:-1].float()) * next_q
     td_loss = ((q - targets) ** 2 * mask).sum() / mask.sum().clamp(min=1.0)
-    if not torch.isfinite(td_loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the TD loss became {td_loss.item()}; lower --learning-rate or check the reward scale"
-        )
+    check_finite(td_loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     td_loss.backward()

@@ -10,10 +10,12 @@ import tyro
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
 from runtime import (
+    MakePolicy,
     Run,
     RunArgs,
     check_args,
     check_discrete,
+    check_finite,
     cli,
     crossings,
     linear_schedule,
@@ -95,6 +97,11 @@ def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
+def acting(q_network, device) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: greedy on the Q-values (the evaluations)."""
+    return lambda num_envs, rng: lambda obs, done: q_network(t(obs, device)).argmax(-1).cpu().numpy()
+
+
 NETWORK_FLAGS = ("dueling",)  # what a checkpoint's weights depend on
 
 
@@ -108,8 +115,7 @@ def main(args):
     target_network = QNetwork(int(np.prod(obs_shape)), n_actions, args.dueling).to(device)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
-    greedy = lambda obs, done: q_network(t(obs, device)).argmax(-1).cpu().numpy()  # noqa: E731
-    make_greedy = lambda n, rng: greedy  # noqa: E731
+    make_greedy = acting(q_network, device)  # evaluation: greedy (epsilon 0)
     nets = {"q_network": q_network, "target_network": target_network}
     fields = {
         "obs": (obs_shape, np.float32),
@@ -198,11 +204,7 @@ def update(q_network, target_network, optimizer, rb, args, device, rng, beta):
     q = q_network(mb["obs"]).gather(-1, mb["actions"].unsqueeze(-1)).squeeze(-1)
     td_error = td_target - q
     loss = (mb["weights"] * td_error**2).mean() if args.prioritized else (td_error**2).mean()
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the TD loss became {loss.item()} (mean Q {q.mean().item():.3g}); lower --learning-rate, "
-            "or check the reward scale"
-        )
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

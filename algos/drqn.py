@@ -10,14 +10,17 @@ import tyro
 
 from buffers import EpisodeReplayBuffer, to_torch
 from runtime import (
+    MakePolicy,
     Run,
     RunArgs,
     check_args,
     check_discrete,
+    check_finite,
     cli,
     crossings,
     episode_length,
     linear_schedule,
+    reset_finished,
     setup,
     soft_update,
 )
@@ -94,6 +97,24 @@ def t(x, device):
     return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
+def acting(q_network, device) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: greedy on the recurrent Q-values, each episode from a zero GRU
+    state (the evaluations)."""
+
+    def make(num_envs, rng):
+        h = None
+
+        def act_fn(obs, done):
+            nonlocal h
+            h = reset_finished(h, done, env_dim=1)  # nn.GRU's state (1, E, H)
+            q, h = q_network(t(obs, device)[None], h)
+            return q[0].argmax(-1).cpu().numpy()
+
+        return act_fn
+
+    return make
+
+
 NETWORK_FLAGS = ("hidden_size",)  # what a checkpoint's weights depend on
 
 
@@ -108,18 +129,7 @@ def main(args):
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
 
-    def make_greedy(num_envs, rng):  # greedy (epsilon 0), each episode from a zero GRU state
-        h = None
-
-        def greedy(obs, done):
-            nonlocal h
-            if done is not None:
-                h[:, done] = 0.0
-            q, h = q_network(t(obs, device)[None], h)
-            return q[0].argmax(-1).cpu().numpy()
-
-        return greedy
-
+    make_greedy = acting(q_network, device)  # evaluation: greedy (epsilon 0)
     nets = {"q_network": q_network, "target_network": target_network}
     max_len = episode_length(args, env.unwrapped.get_attr("spec")[0].max_episode_steps)
     rb = EpisodeReplayBuffer(
@@ -154,9 +164,10 @@ def main(args):
             global_step += args.num_envs
             # STORE: the step into each env's running episode; finished episodes close with their final observation
             rb.add(obs=obs, actions=actions, rewards=rewards, terminated=terminated)
-            if (done := np.flatnonzero(terminated | truncated)).size:
+            ended = terminated | truncated
+            if (done := np.flatnonzero(ended)).size:
                 rb.finish(done, obs=np.stack([infos["final_obs"][i] for i in done]))
-                h[:, done] = 0.0  # the next episode starts from a zero state
+                h = reset_finished(h, ended, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(infos, global_step)
             obs = next_obs
 
@@ -196,8 +207,7 @@ def update(q_network, target_network, optimizer, rb, args, device, rng):
     q_taken = q[:-1].gather(-1, mb["actions"][:-1].unsqueeze(-1)).squeeze(-1)
     n = mask.sum().clamp(min=1.0)
     loss = (mask * (q_taken - td_target) ** 2).sum() / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

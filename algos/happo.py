@@ -11,11 +11,13 @@ from buffers import RolloutBuffer, team_fields, team_step, to_torch
 from runtime import (
     Categorical,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
     adam,
     check_args,
+    check_finite,
     checkpoint_args,
     cli,
     clip_grad_norm,
@@ -175,12 +177,12 @@ def act(groups, obs, device, greedy=False):
     return actions, taken, logprobs
 
 
-def acting(groups, device, greedy=True):
+def acting(groups, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions` (the evaluations, and a checkpoint playing a group: `actor`)."""
     return lambda num_envs, rng: lambda obs, done: act(groups, obs, device, greedy)[0]
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     actors = GroupActors(spec, checkpoint_args(Args, ckpt["args"])).to(device)
     actors.load_state_dict(sub_state(ckpt["nets"]["happo"], f"groups.{group}."))
@@ -319,11 +321,11 @@ def update_agent(actors, g, i, opt, rb, args, device, rng):
             pg_loss = masked_mean(mask, mb["factor"] * torch.max(-adv * ratio, -adv * clipped_ratio))
             entropy = masked_mean(mask, d.entropy() if actors.spec.discrete else d.entropy().sum(-1))
             loss = pg_loss - args.ent_coef * entropy
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"group {g}, agent {i}: the policy loss became {loss.item()}; lower --learning-rate or "
-                    "--max-grad-norm, or check the rewards"
-                )
+            check_finite(
+                loss,
+                f"group {g}, agent {i}: the policy loss",
+                "lower --learning-rate or --max-grad-norm, or check the rewards",
+            )
             opt.zero_grad()
             loss.backward()
             clip_grad_norm(actors.actor_of(i).parameters(), args.max_grad_norm)
@@ -360,8 +362,7 @@ def update_critic(team, opt, rb, args, device, rng):
             else:
                 huber = 0.5 * err**2
             v_loss = huber.mean()
-            if not torch.isfinite(v_loss):  # stop before the weights are poisoned
-                raise FloatingPointError(f"the value loss became {v_loss.item()}; lower --learning-rate")
+            check_finite(v_loss, "the value loss", "lower --learning-rate")
             opt.zero_grad()
             v_loss.backward()
             clip_grad_norm(team.critic.parameters(), args.max_grad_norm)

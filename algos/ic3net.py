@@ -11,15 +11,18 @@ from buffers import RolloutBuffer, team_fields, team_step, to_torch
 from runtime import (
     Categorical,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
     adam,
     check_args,
+    check_finite,
     checkpoint_args,
     cli,
     clip_grad_norm,
     make_env,
+    reset_finished,
     setup,
     sub_state,
 )
@@ -184,7 +187,7 @@ def act(net, obs, h, talk, device, greedy=False):
     return actions, taken, logprobs, h, gates, net.denormalized(net.team_value(h, alive))
 
 
-def acting(net, args, device, greedy=True):
+def acting(net, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: from zero hidden states, reset where episodes end (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -194,8 +197,7 @@ def acting(net, args, device, greedy=True):
 
         def act_fn(obs, done):
             nonlocal h, talk
-            if done is not None:
-                h, talk = h * t(~done, device).view(-1, 1, 1), talk * t(~done, device).view(-1, 1)
+            h, talk = reset_finished(h, done), reset_finished(talk, done)
             actions, _, _, h, (talk, _), _ = act(net, obs, h, talk, device, greedy)
             return actions
 
@@ -204,7 +206,7 @@ def acting(net, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor, its agents talking among themselves: --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
@@ -288,8 +290,8 @@ def main(args):
                     gate_logprobs=gate_logprobs,
                     starts=starts,
                 )
-                h = h * t(~step.done, device).view(-1, 1, 1)  # the next episodes start from zero, gates closed
-                talk = talk * t(~step.done, device).view(-1, 1)
+                h = reset_finished(h, step.done)  # the next episodes start from zero, gates closed
+                talk = reset_finished(talk, step.done)
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next
@@ -386,11 +388,7 @@ def update(net, opt, rb, args, device, rng):
             )
             v_loss = torch.where(err < 10.0, 0.5 * err**2, 10.0 * (err - 5.0)).mean()  # Huber, delta 10 (mappo.py's)
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value {v_loss.item():.3g}); "
-                    "lower --learning-rate or --max-grad-norm"
-                )
+            check_finite(loss, "the loss", "lower --learning-rate or --max-grad-norm", policy=pg_loss, value=v_loss)
             opt.zero_grad()
             loss.backward()
             clip_grad_norm(list(net.parameters()), args.max_grad_norm)

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
 from runtime import (
+    GroupLinear,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     adam,
@@ -79,17 +81,11 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """env steps between TensorBoard points of losses and SPS"""
 
 
-class GroupLinear(nn.Module):
-    """n independent linear layers on n stacked inputs, one batched matmul: (n, B, d_in) -> (n, B, d_out)."""
-
-    def __init__(self, n, d_in, d_out):
-        super().__init__()
-        bound = d_in**-0.5  # nn.Linear's default initialization, layer by layer
-        self.weight = nn.Parameter(torch.empty(n, d_in, d_out).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(n, 1, d_out).uniform_(-bound, bound))
-
-    def forward(self, x):
-        return torch.baddbmm(self.bias, x, self.weight)
+def layer_init(layer):  # nn.Linear's default initialization, layer by layer: weights and biases U(+-1/sqrt(d_in))
+    bound = layer.weight.shape[1] ** -0.5
+    nn.init.uniform_(layer.weight, -bound, bound)
+    nn.init.uniform_(layer.bias, -bound, bound)
+    return layer
 
 
 class AgentMLPs(nn.Module):
@@ -101,11 +97,11 @@ class AgentMLPs(nn.Module):
         self.ids = n_agents if args.share_params and n_agents > 1 else 0
         self.n, self.copies, h = copies * (1 if args.share_params else n_agents), copies, args.hidden_size
         self.net = nn.Sequential(
-            GroupLinear(self.n, d_in + self.ids, h),
+            layer_init(GroupLinear(self.n, d_in + self.ids, h)),
             nn.ReLU(),
-            GroupLinear(self.n, h, h),
+            layer_init(GroupLinear(self.n, h, h)),
             nn.ReLU(),
-            GroupLinear(self.n, h, d_out),
+            layer_init(GroupLinear(self.n, h, d_out)),
         )
 
     def forward(self, x):
@@ -179,7 +175,7 @@ def act(actors, obs, device, args, explore=True, uniform=False):
     return actions
 
 
-def acting(actors, args, device, greedy=True):
+def acting(actors, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: mu(o), or with exploration noise if not greedy (the
     evaluations, and a checkpoint playing a group: `actor`)."""
     return lambda num_envs, rng: lambda obs, done: act(actors, obs, device, args, explore=not greedy)
@@ -307,7 +303,7 @@ def update(b, nets, optimizers, args, learners):
     return losses, td / sum(actors[g].spec.n_agents for g in learners)
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     net = Actor(spec, args).to(device)

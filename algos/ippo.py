@@ -11,12 +11,15 @@ from torch.distributions import Normal
 from buffers import RolloutBuffer, to_torch
 from runtime import (
     Categorical,
+    GroupLinear,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
     adam,
     check_args,
+    check_finite,
     checkpoint_args,
     cli,
     clip_grad_norm,
@@ -25,6 +28,7 @@ from runtime import (
     gru_sequence,
     make_env,
     mlp_forward,
+    reset_finished,
     setup,
 )
 
@@ -86,20 +90,16 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """total_timesteps // batch_size"""
 
 
-class GroupLinear(nn.Module):
-    """n independent linear layers along the agent axis (n=1: one layer shared by every agent)."""
+def layer_init(layer, std=2**0.5, ortho=True):  # orthogonal weights, one matrix per agent (else torch's default)
+    for w in layer.weight.data:
+        nn.init.orthogonal_(w, std) if ortho else nn.init.kaiming_uniform_(w.T, a=5**0.5)
+    return layer  # biases stay zero
 
-    def __init__(self, n, d_in, d_out, std=2**0.5, ortho=True):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n, d_in, d_out))
-        self.bias = nn.Parameter(torch.zeros(n, 1, d_out))
-        for w in self.weight.data:
-            nn.init.orthogonal_(w, std) if ortho else nn.init.kaiming_uniform_(w.T, a=5**0.5)
 
-    def forward(self, x):  # (B, A, d_in) -> (B, A, d_out), product and bias in one op
-        if self.weight.shape[0] == 1:  # shared: every agent of every env one row
-            return torch.baddbmm(self.bias, x.reshape(1, -1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-        return torch.baddbmm(self.bias, x.transpose(0, 1), self.weight).transpose(0, 1)  # agent a: its own layer
+def per_agent(layer, x):  # a GroupLinear on (B, A, d_in) rows -> (B, A, d_out), product and bias in one op
+    if len(layer.weight) == 1:  # shared: every agent of every env one row of the one stack
+        return layer(x.reshape(1, -1, x.shape[-1])).view(*x.shape[:-1], -1)
+    return layer(x.transpose(0, 1)).transpose(0, 1)  # agent a: stack a, its own layer
 
 
 class GroupGRU(nn.Module):
@@ -107,13 +107,15 @@ class GroupGRU(nn.Module):
 
     def __init__(self, n, h, ortho=True):
         super().__init__()
-        self.x2g, self.h2g = GroupLinear(n, h, 3 * h, 1.0, ortho), GroupLinear(n, h, 3 * h, 1.0, ortho)
+        self.x2g = layer_init(GroupLinear(n, h, 3 * h), 1.0, ortho)
+        self.h2g = layer_init(GroupLinear(n, h, 3 * h), 1.0, ortho)
 
     def forward(self, x, hx, keep=None):  # keep (L, N): x holds N sequences of L steps (time-major), hx their start
         if keep is not None:  # every step's state: the input gates in one product, the recurrence in one call
-            return gru_sequence(self.x2g(x).unflatten(0, keep.shape), hx, *self.h2g.parameters(), keep).flatten(0, 1)
-        xr, xz, xn = self.x2g(x).chunk(3, -1)
-        hr, hz, hn = self.h2g(hx).chunk(3, -1)
+            gx = per_agent(self.x2g, x).unflatten(0, keep.shape)
+            return gru_sequence(gx, hx, *self.h2g.parameters(), keep).flatten(0, 1)
+        xr, xz, xn = per_agent(self.x2g, x).chunk(3, -1)
+        hr, hz, hn = per_agent(self.h2g, hx).chunk(3, -1)
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
         return (1 - z) * torch.tanh(xn + r * hn) + z * hx
 
@@ -125,16 +127,16 @@ class Net(nn.Module):
         super().__init__()
         h, o = args.hidden_size, args.ortho_init
         self.norm = nn.LayerNorm(d_in) if feature_norm(args) == "layer" else nn.Identity()
-        self.fc = GroupLinear(n, d_in, h, ortho=o)
-        self.mid = GroupGRU(n, h, o) if args.rnn else GroupLinear(n, h, h, ortho=o)
-        self.head = GroupLinear(n, h, d_out, std=out_std, ortho=o)
+        self.fc = layer_init(GroupLinear(n, d_in, h), ortho=o)
+        self.mid = GroupGRU(n, h, o) if args.rnn else layer_init(GroupLinear(n, h, h), ortho=o)
+        self.head = layer_init(GroupLinear(n, h, d_out), out_std, o)
 
     def forward(self, x, hx=None, keep=None):  # -> (B, A, d_out) and the next hidden state (None without --rnn)
-        x = torch.relu(self.fc(self.norm(x)))
+        x = torch.relu(per_agent(self.fc, self.norm(x)))
         if hx is None:
-            return self.head(torch.relu(self.mid(x))), None
+            return per_agent(self.head, torch.relu(per_agent(self.mid, x))), None
         hs = self.mid(x, hx, keep)  # one step, or with keep (L, N) all L*N (the next state: the last N)
-        return self.head(hs), hs[-len(hx) :]
+        return per_agent(self.head, hs), hs[-len(hx) :]
 
 
 class Policy(nn.Module):
@@ -162,10 +164,16 @@ class Policy(nn.Module):
     def _with_id(self, x):  # append a one-hot agent id so a shared network can tell agents apart
         return torch.cat([x, self.ids.expand(*x.shape[:-1], -1)], -1) if self.with_id else x
 
+    def forward_net(self, net, obs, hx=None, keep=None):
+        """`net` (actor or critic) on the observations (B, A, *obs_shape): Net, or when acting its whole pass in one
+        compiled call (runtime/mlp.py), held equal to it by test_the_compiled_acting_pass_equals_the_modules in
+        tests/test_mlp.py."""
+        if hx is None and fast_acting(obs, net):
+            return mlp_forward(net, obs.flatten(2), self.obs_norm, self.with_id), None
+        return net(self.inputs(obs), hx, keep)
+
     def actor_out(self, obs, hx=None, keep=None):  # obs (B, A, *obs_shape) -> (logits or means, next hidden state)
-        if hx is None and fast_acting(obs, self.actor):  # acting: the same pass in one compiled call (runtime/mlp.py)
-            return mlp_forward(self.actor, obs.flatten(2), self.obs_norm, self.with_id), None
-        return self.actor(self.inputs(obs), hx, keep)
+        return self.forward_net(self.actor, obs, hx, keep)
 
     def dist(self, out, avail=None):  # actor outputs (..., A, action_dim) -> a distribution over (..., A) actions
         if not self.spec.discrete:
@@ -173,9 +181,7 @@ class Policy(nn.Module):
         return Categorical(out, avail)  # action masks (avail): unavailable actions get zero probability
 
     def critic_values(self, obs, hx=None, keep=None):  # (B, A, *obs_shape) -> normalized V (B, A), next hidden
-        if hx is None and fast_acting(obs, self.critic):  # acting: as actor_out
-            return mlp_forward(self.critic, obs.flatten(2), self.obs_norm, self.with_id).squeeze(-1), None
-        v, hx = self.critic(self.inputs(obs), hx, keep)
+        v, hx = self.forward_net(self.critic, obs, hx, keep)
         return v.squeeze(-1), hx
 
     def value(self, obs, hx=None):  # V in return units (numpy) and the next hidden state
@@ -204,11 +210,6 @@ def initial_hidden(policies, args, num_envs, device):  # group -> zero hidden st
     }
 
 
-def reset_finished(hidden, done, device):  # zero the hidden states of the envs whose episode just ended (--rnn)
-    keep = t(~done, device).view(-1, 1, 1) if any(h is not None for h in hidden.values()) else None
-    return {g: None if h is None else h * keep for g, h in hidden.items()}
-
-
 def act(policies, obs, device, hidden, greedy=False):
     """Actions of every group (numpy, what env.step takes) and what the buffer stores: the sampled actions
     (Gaussian samples before clipping to the Box) and their log-probabilities.
@@ -227,7 +228,7 @@ def act(policies, obs, device, hidden, greedy=False):
     return actions, taken
 
 
-def acting(policies, args, device, greedy=True):
+def acting(policies, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the policies from zero hidden states, reset where episodes end
     (the evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -236,7 +237,7 @@ def acting(policies, args, device, greedy=True):
 
         def act_fn(obs, done):
             nonlocal hidden
-            hidden = hidden if done is None else reset_finished(hidden, done, device)
+            hidden = reset_finished(hidden, done)
             return act(policies, obs, device, hidden, greedy)[0]
 
         return act_fn
@@ -329,8 +330,8 @@ def main(args):
                         **avail,
                         **stored[g],
                     )
-                h_actor = reset_finished(h_actor, step.done, device)  # the next episodes start from zero
-                h_critic = reset_finished(h_critic, step.done, device)
+                h_actor = reset_finished(h_actor, step.done)  # the next episodes start from zero
+                h_critic = reset_finished(h_critic, step.done)
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next
@@ -433,11 +434,13 @@ def update(pol, opt, rb, args, device, rng):
             v_loss = masked_mean(mask, huber)
             ent = masked_mean(mask, entropy)
             loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"group {pol.spec.name}: the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-                    f"{v_loss.item():.3g}); lower --learning-rate or --max-grad-norm, or check the rewards"
-                )
+            check_finite(
+                loss,
+                f"group {pol.spec.name}: the loss",
+                "lower --learning-rate or --max-grad-norm, or check the rewards",
+                policy=pg_loss,
+                value=v_loss,
+            )
             opt.zero_grad()
             loss.backward()
             clip_grad_norm(pol.actor.parameters(), args.max_grad_norm)
@@ -455,7 +458,7 @@ def update(pol, opt, rb, args, device, rng):
     )
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     pol = Policy(spec, args).to(device)

@@ -10,16 +10,19 @@ import torch.nn as nn
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
     episode_length,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
     soft_update,
     sub_state,
@@ -142,7 +145,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
     return actions
 
 
-def acting(agents, specs, args, device, epsilon):
+def acting(agents, specs, args, device, epsilon) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -152,9 +155,8 @@ def acting(agents, specs, args, device, epsilon):
         }
 
         def act_fn(obs, done):
-            if done is not None:
-                for h in hidden.values():
-                    h[:, done] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done, env_dim=1)  # nn.GRU's states (1, E, A, H)
             return act(agents, specs, obs, hidden, epsilon, rng, device)
 
         return act_fn
@@ -162,7 +164,7 @@ def acting(agents, specs, args, device, epsilon):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
@@ -226,8 +228,7 @@ def main(args):
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
                 rb.finish(done, **agent_views(final, specs, envs=done))
-                for h in hidden.values():
-                    h[:, done] = 0.0  # the next episode starts from a zero state
+                hidden = reset_finished(hidden, step.done, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 
@@ -298,8 +299,7 @@ def update(iql, target, optimizer, rb, args, device, rng, beta):
         err, count, q_sum = err + td.detach().abs().sum((0, 2)), count + mask.sum((0, 2)), q_sum + (chosen * mask).sum()
     n = count.sum().clamp(min=1.0)
     loss = sq_err / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

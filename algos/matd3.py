@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
 from runtime import (
+    GroupLinear,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     adam,
@@ -87,17 +89,11 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """env steps between TensorBoard points of losses and SPS"""
 
 
-class GroupLinear(nn.Module):
-    """n independent linear layers, one batched matmul: (m, B, d_in) -> (m, B, d_out) through the first m <= n."""
-
-    def __init__(self, n, d_in, d_out):
-        super().__init__()
-        bound = d_in**-0.5  # nn.Linear's default initialization, layer by layer
-        self.weight = nn.Parameter(torch.empty(n, d_in, d_out).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(n, 1, d_out).uniform_(-bound, bound))
-
-    def forward(self, x):
-        return torch.baddbmm(self.bias[: len(x)], x, self.weight[: len(x)])
+def layer_init(layer):  # nn.Linear's default initialization, layer by layer: weights and biases U(+-1/sqrt(d_in))
+    bound = layer.weight.shape[1] ** -0.5
+    nn.init.uniform_(layer.weight, -bound, bound)
+    nn.init.uniform_(layer.bias, -bound, bound)
+    return layer
 
 
 class AgentMLPs(nn.Module):
@@ -109,11 +105,11 @@ class AgentMLPs(nn.Module):
         self.ids = n_agents if args.share_params and n_agents > 1 else 0
         self.n, self.copies, h = copies * (1 if args.share_params else n_agents), copies, args.hidden_size
         self.net = nn.Sequential(
-            GroupLinear(self.n, d_in + self.ids, h),
+            layer_init(GroupLinear(self.n, d_in + self.ids, h)),
             nn.ReLU(),
-            GroupLinear(self.n, h, h),
+            layer_init(GroupLinear(self.n, h, h)),
             nn.ReLU(),
-            GroupLinear(self.n, h, d_out),
+            layer_init(GroupLinear(self.n, h, d_out)),
         )
 
     def forward(self, x, copies=None):
@@ -188,13 +184,13 @@ def act(actors, obs, device, args, explore=True, uniform=False):
     return actions
 
 
-def acting(actors, args, device, greedy=True):
+def acting(actors, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: mu(o), or with exploration noise if not greedy (the
     evaluations, and a checkpoint playing a group: `actor`)."""
     return lambda num_envs, rng: lambda obs, done: act(actors, obs, device, args, explore=not greedy)
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     net = Actor(spec, args).to(device)
@@ -297,7 +293,7 @@ def update(b, nets, optimizers, args, learners, num_updates):
     """One MATD3 update from a batch-major batch `b`: the twin critics; every --policy-frequency: actors, targets."""
     actors, critics = nets["actors"], nets["critics"]
     actor_targets, critic_targets = nets["actor_targets"], nets["critic_targets"]
-    specs = {g: a.spec for g, a in actors.items()}
+    specs = {g: actors[g].spec for g in learners}
     sizes = {g: s.n_agents for g, s in specs.items()}
     onehot = lambda a, s: F.one_hot(a, s.action_dim).float() if s.discrete else a  # noqa: E731
     actions = {g: onehot(b[f"actions_{g}"], s) for g, s in specs.items()}

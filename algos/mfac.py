@@ -12,10 +12,12 @@ from buffers import RolloutBuffer, to_torch
 from buffers.kernels import neighbour_mean_actions
 from runtime import (
     ArgumentError,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     make_env,
@@ -126,12 +128,18 @@ def value(agents, obs, mean, device, avail=None):
     return (probs * agents.q(o, t(mean, device))).sum(-1).cpu().numpy()
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def acting(agents, specs, args, device, greedy=True) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: the mode of pi, or samples of it if not greedy (the evaluations,
+    and a checkpoint playing a group: `actor`)."""
+    return lambda num_envs, rng: lambda obs, done: act(agents, specs, obs, device, args, greedy)[0]
+
+
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
     agents = nn.ModuleDict({group: Agents(spec, args)}).to(device)
     agents[group].load_state_dict(sub_state(ckpt["nets"]["mfac"], f"agents.{group}."))
-    return lambda num_envs, rng: lambda obs, done: act(agents, {group: spec}, obs, device, args, greedy)[0]
+    return acting(agents, {group: spec}, args, device, greedy)
 
 
 NETWORK_FLAGS = ("hidden_size",)  # what the weights depend on
@@ -152,7 +160,8 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    specs = dict(env.groups)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
+    specs = {g: env.groups[g] for g in learners}
     if args.mean_over == "view" and (unplaced := [g for g, s in specs.items() if not s.has_positions]):
         raise ArgumentError(
             f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
@@ -160,7 +169,7 @@ def main(args):
         )
     mfac = MFAC(specs, args).to(device)
     optimizer = torch.optim.Adam(mfac.parameters(), lr=args.learning_rate)
-    make_greedy = lambda n, rng: lambda obs, done: act(mfac.agents, specs, obs, device, args, greedy=True)[0]  # noqa: E731
+    make_greedy = acting(mfac.agents, specs, args, device)  # evaluation: the most probable action
     run = Run(
         args,
         ALGO,
@@ -268,11 +277,7 @@ def update(agents, optimizer, rb, args, device, rng):
     v_loss = masked_mean(mask, 0.5 * (q - mb["returns"]) ** 2)
     entropy = masked_mean(mask, d.entropy())
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-            f"{v_loss.item():.3g}); lower --learning-rate"
-        )
+    check_finite(loss, "the loss", "lower --learning-rate", policy=pg_loss, value=v_loss)
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(agents.actor.parameters(), args.max_grad_norm)

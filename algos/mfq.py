@@ -13,10 +13,12 @@ from buffers import ReplayBuffer, to_torch
 from buffers.kernels import neighbour_mean_actions
 from runtime import (
     ArgumentError,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
@@ -143,7 +145,7 @@ def zero_means(specs, num_envs):
     return {g: np.zeros((num_envs, s.n_agents, s.action_dim), np.float32) for g, s in specs.items()}
 
 
-def acting(agents, specs, args, device, greedy=True):
+def acting(agents, specs, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: the policy on the previous step's mean action, zeros at an
     episode's start (the evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -163,7 +165,7 @@ def acting(agents, specs, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (greedy, or Boltzmann at --temperature-end): --opponent,
     --self-play, results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
@@ -188,7 +190,8 @@ def main(args):
     device, rng = setup(args)
     env = make_env(args, args.num_envs, args.seed)
     check_discrete(args, env, ALGO, CONTINUOUS)
-    specs = dict(env.groups)
+    learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
+    specs = {g: env.groups[g] for g in learners}
     if args.mean_over == "view" and (unplaced := [g for g, s in specs.items() if not s.has_positions]):
         raise ArgumentError(
             f"--mean-over view needs agent positions, and {args.env_id} has none for {unplaced}: use "
@@ -311,8 +314,7 @@ def update(mfq, target, optimizer, rb, args, device, rng, temperature):
         count, q_sum = count + mask.sum(), q_sum + (q.detach() * mask).sum()
     n = count.clamp(min=1.0)
     loss = sq_err / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(mfq.parameters(), args.max_grad_norm)

@@ -11,13 +11,7 @@ import tyro
 from torch.distributions import Categorical, Normal
 
 from buffers import RolloutBuffer, to_torch
-from runtime import (
-    Run,
-    RunArgs,
-    check_args,
-    cli,
-    setup,
-)
+from runtime import MakePolicy, Run, RunArgs, check_args, check_finite, cli, setup
 from runtime.args import make_gym_env
 
 ALGO = "ppo"
@@ -155,6 +149,16 @@ def to_env(action, space):
     return a if isinstance(space, gym.spaces.Discrete) else np.clip(a, space.low, space.high).astype(space.dtype)
 
 
+def acting(agent, action_space, device) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: the most probable action, or the Gaussian's mean (the
+    evaluations)."""
+
+    def act_fn(obs, done):
+        return to_env(agent.get_action_and_value(agent.preprocess(obs, device), greedy=True)[0], action_space)
+
+    return lambda num_envs, rng: act_fn
+
+
 NETWORK_FLAGS = ("hidden_size",)  # what a checkpoint's weights depend on (--norm-obs travels as a buffer)
 
 
@@ -182,11 +186,7 @@ def main(args):
     action_space = env.single_action_space
     agent = Agent(int(np.prod(env.single_observation_space.shape)), action_space, args).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    greedy = lambda obs, done: to_env(
-        agent.get_action_and_value(agent.preprocess(obs, device), greedy=True)[0],  # noqa: E731
-        action_space,
-    )
-    make_greedy = lambda n, rng: greedy  # noqa: E731
+    make_greedy = acting(agent, action_space, device)  # evaluation: the most probable action, or the mean
     run = Run(
         args,
         ALGO,
@@ -301,11 +301,13 @@ def update(agent, optimizer, rb, args, device, rng):
             v_loss = 0.5 * v_loss.mean()
             ent = entropy.mean()
             loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value {v_loss.item():.3g}); "
-                    "lower --learning-rate, or try --norm-obs / --norm-reward"
-                )
+            check_finite(
+                loss,
+                "the loss",
+                "lower --learning-rate, or try --norm-obs / --norm-reward",
+                policy=pg_loss,
+                value=v_loss,
+            )
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)

@@ -11,16 +11,19 @@ import torch.nn.functional as F
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
     episode_length,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
     soft_update,
     sub_state,
@@ -166,7 +169,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
     return actions
 
 
-def acting(agents, specs, args, device, epsilon):
+def acting(agents, specs, args, device, epsilon) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -176,9 +179,8 @@ def acting(agents, specs, args, device, epsilon):
         }
 
         def act_fn(obs, done):
-            if done is not None:
-                for h in hidden.values():
-                    h[:, done] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done, env_dim=1)  # nn.GRU's states (1, E, A, H)
             return act(agents, specs, obs, hidden, epsilon, rng, device)
 
         return act_fn
@@ -186,7 +188,7 @@ def acting(agents, specs, args, device, epsilon):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
@@ -251,8 +253,7 @@ def main(args):
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
                 rb.finish(done, **agent_views(final, specs, state=True, envs=done))
-                for h in hidden.values():
-                    h[:, done] = 0.0  # the next episode starts from a zero state
+                hidden = reset_finished(hidden, step.done, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 
@@ -321,8 +322,7 @@ def update(qmix, target, optimizer, rb, args, device, rng, beta):
     weights = mb["weights"][None] if args.prioritized else 1.0  # importance sampling of prioritized episodes
     n = mask.sum().clamp(min=1.0)
     loss = (weights * td**2).sum() / n
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the TD loss became {loss.item()}; lower --learning-rate or check the reward scale")
+    check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

@@ -11,15 +11,18 @@ from buffers import RolloutBuffer, team_fields, team_step, to_torch
 from runtime import (
     Categorical,
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     RunningNorm,
     adam,
     check_args,
+    check_finite,
     checkpoint_args,
     cli,
     clip_grad_norm,
     make_env,
+    reset_finished,
     setup,
     sub_state,
 )
@@ -180,7 +183,7 @@ def act(net, obs, h, device, greedy=False):
     return actions, taken, logprobs, h, net.denormalized(net.team_value(h, alive))
 
 
-def acting(net, args, device, greedy=True):
+def acting(net, args, device, greedy=True) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: from zero hidden states, reset where episodes end (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -189,8 +192,7 @@ def acting(net, args, device, greedy=True):
 
         def act_fn(obs, done):
             nonlocal h
-            if done is not None:
-                h = h * t(~done, device).view(-1, 1, 1)
+            h = reset_finished(h, done)
             actions, _, _, h, _ = act(net, obs, h, device, greedy)
             return actions
 
@@ -199,7 +201,7 @@ def acting(net, args, device, greedy=True):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor, its agents talking among themselves: --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
@@ -282,7 +284,7 @@ def main(args):
                     h=h_before,
                     starts=starts,
                 )
-                h = h * t(~step.done, device).view(-1, 1, 1)  # the next episodes start from zero
+                h = reset_finished(h, step.done)  # the next episodes start from zero
                 starts = step.done
                 run.log_episodes(step.episodes, global_step)
                 obs = step.next
@@ -365,11 +367,7 @@ def update(net, opt, rb, args, device, rng):
             )
             v_loss = torch.where(err < 10.0, 0.5 * err**2, 10.0 * (err - 5.0)).mean()  # Huber, delta 10 (mappo.py's)
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value {v_loss.item():.3g}); "
-                    "lower --learning-rate or --max-grad-norm"
-                )
+            check_finite(loss, "the loss", "lower --learning-rate or --max-grad-norm", policy=pg_loss, value=v_loss)
             opt.zero_grad()
             loss.backward()
             clip_grad_norm(list(net.parameters()), args.max_grad_norm)

@@ -12,11 +12,13 @@ from torch.distributions import Categorical
 from buffers import RolloutBuffer, team_fields, team_step, to_torch
 from runtime import (
     InputNorm,
+    MakePolicy,
     MultiAgentArgs,
     Run,
     adam,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     make_env,
@@ -171,12 +173,20 @@ def group_act(agents, obs, g, device, greedy=False):
     return a, d.log_prob(a), v
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def acting(agents, device, greedy=True) -> MakePolicy:
+    """`(num_envs, rng) -> act(obs, done) -> actions`: every group's most probable action, or samples if not greedy
+    (the evaluations, and a checkpoint playing a group: `actor`); `agents`: group -> Agents."""
+    act_fn = torch.no_grad()(
+        lambda obs, done: {g: group_act(a, obs, g, device, greedy)[0].cpu().numpy() for g, a in agents.items()}
+    )
+    return lambda num_envs, rng: act_fn
+
+
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
     agents = Agents(spec, checkpoint_args(Args, ckpt["args"])).to(device)
     agents.load_state_dict(sub_state(ckpt["nets"]["vdac"], f"agents.{group}."))
-    act_fn = torch.no_grad()(lambda obs, done: {group: group_act(agents, obs, group, device, greedy)[0].cpu().numpy()})
-    return lambda num_envs, rng: act_fn
+    return acting({group: agents}, device, greedy)
 
 
 NETWORK_FLAGS = ("hidden_size", "mixer", "mixing_embed_dim", "hypernet_embed", "feature_norm")  # the weights' flags
@@ -206,9 +216,7 @@ def main(args):
     vdac = VDAC(specs, int(np.prod(env.state_shape)), args).to(device)
     optimizer = adam(vdac.parameters(), args.learning_rate, eps=1e-5)
 
-    def make_greedy(num_envs, rng):  # evaluation: the most probable action of every agent
-        return lambda obs, done: act(vdac, obs, device, greedy=True)[0]
-
+    make_greedy = acting(vdac.agents, device)  # evaluation: the most probable action of every agent
     run = Run(
         args,
         ALGO,
@@ -309,11 +317,7 @@ def update(vdac, optimizer, rb, specs, args, device, rng):
             v_tot = vdac.v_tot(torch.cat(local, -1), mb["state"], mask)
             v_loss = 0.5 * ((v_tot - mb["returns"]) ** 2).mean()
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):  # stop before the weights are poisoned
-                raise FloatingPointError(
-                    f"the loss became {loss.item()} (policy {pg_loss.item():.3g}, value "
-                    f"{v_loss.item():.3g}); lower --learning-rate"
-                )
+            check_finite(loss, "the loss", "lower --learning-rate", policy=pg_loss, value=v_loss)
             optimizer.zero_grad()
             loss.backward()
             for agents in vdac.agents.values():

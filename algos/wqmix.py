@@ -12,16 +12,19 @@ import torch.nn.functional as F
 from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
+    MakePolicy,
     MultiAgentArgs,
     Run,
     check_args,
     check_discrete,
+    check_finite,
     checkpoint_args,
     cli,
     crossings,
     episode_length,
     linear_schedule,
     make_env,
+    reset_finished,
     setup,
     soft_update,
     sub_state,
@@ -194,7 +197,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
 
 
 # what the weights depend on
-def acting(agents, specs, args, device, epsilon):
+def acting(agents, specs, args, device, epsilon) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: epsilon-greedy, each episode from a zero GRU state (the
     evaluations, and a checkpoint playing a group: `actor`)."""
 
@@ -204,9 +207,8 @@ def acting(agents, specs, args, device, epsilon):
         }
 
         def act_fn(obs, done):
-            if done is not None:
-                for h in hidden.values():
-                    h[:, done] = 0.0
+            nonlocal hidden
+            hidden = reset_finished(hidden, done, env_dim=1)  # nn.GRU's states (1, E, A, H)
             return act(agents, specs, obs, hidden, epsilon, rng, device)
 
         return act_fn
@@ -214,7 +216,7 @@ def acting(agents, specs, args, device, epsilon):
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True):
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
     args = checkpoint_args(Args, ckpt["args"])
@@ -279,8 +281,7 @@ def main(args):
             if (done := np.flatnonzero(step.done)).size:
                 final = step.final
                 rb.finish(done, **agent_views(final, specs, state=True, envs=done))
-                for h in hidden.values():
-                    h[:, done] = 0.0  # the next episode starts from a zero state
+                hidden = reset_finished(hidden, step.done, env_dim=1)  # the next episode starts from a zero state
             run.log_episodes(step.episodes, global_step)
             obs = step.next
 
@@ -365,11 +366,9 @@ def update(wqmix, target, optimizer, rb, args, device, rng, beta):
     qmix_loss = (weights * w * mask * td**2).sum() / n
     central_loss = (weights * mask * (q_star - targets) ** 2).sum() / n
     loss = qmix_loss + central_loss
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(
-            f"the TD loss became {loss.item()} (QMIX {qmix_loss.item():.3g}, central "
-            f"{central_loss.item():.3g}); lower --learning-rate or check the rewards"
-        )
+    check_finite(
+        loss, "the TD loss", "lower --learning-rate or check the rewards", qmix=qmix_loss, central=central_loss
+    )
     # UPDATE
     optimizer.zero_grad()
     loss.backward()

@@ -164,4 +164,6 @@ if __name__ == "__main__":
     sys.argv[1:1] = ["--env-id", "simple_spread_v3"]
     mappo.Policy = EntityPolicy
     mappo.fast_acting = lambda x, net: False  # the compiled acting pass knows the plain layers only
+    group_layer = mappo.per_agent  # the encoders take the (B, A, d) rows themselves
+    mappo.per_agent = lambda layer, x: group_layer(layer, x) if isinstance(layer, mappo.GroupLinear) else layer(x)
     cli(mappo.Args, mappo.main)

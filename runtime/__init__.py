@@ -5,7 +5,7 @@
     import numpy as np
     import torch
 
-    from runtime import Categorical, MultiAgentArgs, Run, adam, check_args, cli, make_env, optimize, setup
+    from runtime import Categorical, MakePolicy, MultiAgentArgs, Run, adam, check_args, cli, make_env, optimize, setup
 
     ALGO = "example"  # the script's name: checkpoints of another algorithm are refused
     NETWORK_FLAGS = ()  # flags that shape the networks, e.g. ("hidden_size",): a checkpoint must match them
@@ -21,14 +21,14 @@
         return torch.nn.Linear(int(np.prod(spec.obs_shape)), spec.action_dim)
 
 
-    def acting(nets, greedy=True):  # make(num_envs, rng) -> act(obs, done) -> {group: actions} (MakePolicy, Act)
+    def acting(nets, greedy=True) -> MakePolicy:  # the networks as a policy: make(num_envs, rng) -> act_fn(obs, done)
         def make(num_envs, rng):
-            def act(obs, done):
+            def act_fn(obs, done):  # -> {group: actions}
                 with torch.no_grad():
                     d = {g: Categorical(net(torch.as_tensor(obs.obs[g]).flatten(2))) for g, net in nets.items()}
                 return {g: (d[g].mode if greedy else d[g].sample()).numpy() for g in d}
 
-            return act
+            return act_fn
 
         return make
 
@@ -39,7 +39,8 @@
         env = make_env(args, args.num_envs, args.seed)  # the learning groups are env.groups
         nets = {g: policy(spec) for g, spec in env.groups.items()}
         optimizers = {g: adam(nets[g].parameters(), args.learning_rate) for g in nets}
-        run = Run(args, ALGO, env, nets, optimizers, rng, acting(nets), network_flags=NETWORK_FLAGS)
+        make_greedy = acting(nets)  # the evaluations' policy
+        run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS)
         global_step, obs = run.global_step, env.reset()
         with run:  # Ctrl-C / SIGTERM / NaN: last.pt stays sound
             while global_step < args.total_timesteps:
@@ -57,7 +58,7 @@
         env.close()
 
 
-    def actor(ckpt, group, spec, device, greedy=True):  # a checkpoint's group as an opponent (runtime/opponents.py)
+    def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:  # a checkpoint's group as a policy (opponents)
         net = policy(spec)
         net.load_state_dict(ckpt["nets"][group])
         return acting({group: net}, greedy)
@@ -75,25 +76,30 @@ The contract a script keeps (tests/test_repo.py and the script tests hold most o
   changed after checkpoints were written goes into `Args.BEFORE_FLAGS` (the value older checkpoints had).
 * `ALGO` and `NETWORK_FLAGS` as above; `Run(..., same_flags=(...))` names the other flags that a resumed run must
   keep (`--num-envs` always).
-* `make_greedy(num_envs, rng) -> act(obs, done) -> {group: actions}` (the protocols `MakePolicy` and `Act` of
-  runtime/opponents.py) plays greedily for the evaluations, and the script's module-level `actor(...)` builds the
-  same from a checkpoint (runtime/opponents.py imports the script that wrote a checkpoint by its path and calls it:
+* Acting, named by role: `act(...)` picks a training step's actions (the script's own signature); module-level
+  `acting(networks, ..., greedy=True) -> MakePolicy` makes the networks a policy, `make(num_envs, rng) ->
+  act_fn(obs, done) -> {group: actions}` (the protocols `MakePolicy` and `Act` of runtime/opponents.py), whose greedy
+  form `make_greedy` plays the evaluations; and module-level `actor(ckpt, group, spec, device, greedy=True) ->
+  MakePolicy` (`CheckpointActor`) builds the same from a checkpoint, hidden states reset with `reset_finished`
+  (runtime/opponents.py imports the script that wrote a checkpoint by its path and calls it:
   --opponent, --self-play, results/tournament.py).
 * `Run` plays `--eval-checkpoint` instead of training (the script ends there, exit code 0), reloads `--resume`, and
   with `replay=` saves and reloads an off-policy buffer. Its optional flags are read by name when a script has them:
   `--save-buffer`, `--self-play`.
-* A non-finite loss raises `FloatingPointError` before the optimizer steps; losses are logged as `losses/<name>`
+* A non-finite loss raises `FloatingPointError` before the optimizer steps: `check_finite(loss, name, advice, **terms)`
+  (or `optimize`, which calls it) is the one NaN guard; losses are logged as `losses/<name>`
   (bench/compare_losses.py compares them between commits) and the speed as `charts/SPS`.
 * The learning groups are `env.groups`: `make_env` acts for the frozen ones (--random-groups, --opponent,
   --self-play) and shows the script only the learners.
 
 Modules: `args` (the shared flags, env construction, and freed memory kept for reuse), `checks` (argument checks),
-`checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the guarded optimizer step with
-per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
-policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over
-a whole sequence in one call), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running
-mean/std of value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir,
-lock, writer, signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
+`checkpoint` (atomic save, validated load), `optim` (fused Adam, foreach clipping, the NaN guard, the guarded optimizer
+step with per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
+policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over a
+whole sequence in one call, and the reset of hidden states where episodes end), `layers` (GroupLinear: n agents' linear
+layers in one batched product), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running mean/std
+of value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer,
+signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -130,17 +136,23 @@ from runtime.checks import (
     episode_length,
 )
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, periodic_seed
-from runtime.gru import gru_sequence
+from runtime.gru import gru_sequence, reset_finished
+from runtime.layers import GroupLinear
 from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
-from runtime.optim import adam, clip_grad_norm, optimize, soft_update
+from runtime.opponents import Act, CheckpointActor, MakePolicy
+from runtime.optim import adam, check_finite, clip_grad_norm, optimize, soft_update
 from runtime.run import Run
 from runtime.schedule import crossings, linear_schedule
 
 __all__ = [
+    "Act",
+    "CheckpointActor",
+    "MakePolicy",
     "adam",
     "FINAL_EPISODES",
     "FINAL_SEED",
+    "GroupLinear",
     "INPUT_CLIP",
     "InputNorm",
     "ArgumentError",
@@ -152,6 +164,7 @@ __all__ = [
     "RunStopped",
     "RunningNorm",
     "check_action_flags",
+    "check_finite",
     "clip_grad_norm",
     "check_args",
     "checkpoint_args",
@@ -174,6 +187,7 @@ __all__ = [
     "make_eval_env",
     "optimize",
     "periodic_seed",
+    "reset_finished",
     "restore",
     "save_checkpoint",
     "setup",

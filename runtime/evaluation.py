@@ -10,8 +10,9 @@
   episodes are not favoured. Torch and numpy draws of an evaluation (e.g. a group frozen to random) come from
   streams of their own, so evaluating never changes training.
 
-A script hands over its greedy policy as `make_greedy(num_envs, rng) -> greedy(obs, done) -> actions`, where `done`
-is the previous step's (E,) done mask (None at the first step), for policies with a hidden state to reset.
+A script hands over its greedy policy as `make_greedy = acting(...)`: `make(num_envs, rng) -> act_fn(obs, done) ->
+actions` (runtime/opponents.py's MakePolicy and Act), where `done` is the previous step's (E,) done mask (None at the
+first step), for policies with a hidden state to reset.
 """
 
 from __future__ import annotations

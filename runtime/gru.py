@@ -1,6 +1,8 @@
-"""A GRU run over a whole sequence in one call: the recurrent scripts' training path (mappo, ippo, coma --rnn).
+"""A GRU run over a whole sequence in one call: the recurrent scripts' training path (mappo, ippo, coma --rnn); and
+the one reset of every recurrent script's hidden states where episodes end.
 
     hs = gru_sequence(gx, h0, w_hh, b_hh, keep)      # every step's hidden state, (L, B, A, H)
+    hidden = reset_finished(hidden, step.done)        # the next episodes start from zero states
 
 Training a recurrent actor-critic on chunks of L steps in torch means a Python loop over time: per step a matmul
 and a dozen small elementwise ops forward, as many backward, each a dispatch and an autograd node (on MPE's
@@ -20,6 +22,23 @@ import warnings
 import numba
 import numpy as np
 import torch
+
+
+def reset_finished(hidden, done, env_dim: int = 0):
+    """`hidden` with the states of the envs whose episode just ended set to zero: the next episode starts from a zero
+    state, as the first did. A new tensor (the one given is left as it was); zeros exactly, whatever the state held.
+
+    Args:
+        hidden: a tensor of states with the envs along `env_dim` ((E, A, H); nn.GRU's (1, E, A, H) with env_dim=1), a
+            dict of them (group -> states, or None where a group has none), or None.
+        done: the step's (E,) bool mask of finished episodes, or None (an acting policy's first step: no reset).
+    """
+    if hidden is None or done is None:
+        return hidden
+    if isinstance(hidden, dict):
+        return {g: reset_finished(h, done, env_dim) for g, h in hidden.items()}
+    ended = torch.as_tensor(done, device=hidden.device).view(-1, *(1,) * (hidden.dim() - env_dim - 1))
+    return hidden.masked_fill(ended, 0.0)
 
 
 def gru_sequence(gx, h0, w_hh, b_hh, keep):

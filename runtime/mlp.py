@@ -9,10 +9,11 @@ of a few microseconds each, per network, per step. Here the same pass is one Num
 clipped as InputNorm does, the one-hot id added as a weight row, each layer one BLAS product, bias and ReLU in one
 pass over the output (results/speed/rollout.md times the rollout with it).
 
-The network is the scripts' `Net` without LayerNorm or GRU: `fc`, `mid`, `head`, each a group layer with weights
-(n, d_in, d_out) and biases (n, 1, d_out), n = 1 (shared by the agents) or n = A (one per agent), ReLU after the
-first two. The update keeps the torch modules (it needs their gradients), so `fast_acting` is false wherever autograd
-records. Tensors on another device or of another dtype (--cuda) take the modules too, with a one-line notice.
+The network is the scripts' `Net` without LayerNorm or GRU: `fc`, `mid`, `head`, each a `GroupLinear`
+(runtime/layers.py) with weights (n, d_in, d_out) and biases (n, 1, d_out), n = 1 (shared by the agents) or n = A (one
+per agent), ReLU after the first two. The update keeps the torch modules (it needs their gradients), so `fast_acting` is
+false wherever autograd records. Tensors on another device or of another dtype (--cuda) take the modules too, with a
+one-line notice.
 tests/test_mlp.py holds the pass equal to the modules.
 """
 

@@ -6,13 +6,17 @@ their observations, masks, rewards and terminations (the global state stays the 
 keep every group's return). So a script holds no code for frozen groups, and a centralized critic conditions on the
 actions of the learners only.
 
-Every script has one function that turns its checkpoint into an actor of one group:
+Every script names the parts of its acting by their role, with the types below:
 
-    actor(ckpt, group, spec, device, greedy=True) -> make(num_envs, rng) -> act(obs, done) -> {group: actions}
+    act(...)                                       # the actions of one training step (exploration, what is stored)
+    acting(networks, ..., greedy=True) -> MakePolicy              # the networks as a policy: the evaluations' own
+    actor(ckpt, group, spec, device, greedy=True) -> MakePolicy   # a checkpoint's group as one (CheckpointActor)
+
+    make(num_envs, rng) -> act_fn(obs, done) -> {group: actions}  # a MakePolicy, and the Act it returns
 
 `obs` is an `Observation` holding `group` (at least), `done` the previous step's (E,) done mask (None at the first
 step, for actors with a hidden state to reset); the actions are what `env.step` takes for the group. `load_actor`
-validates a checkpoint file (env, group shape, weights) and calls that function of the script that wrote it, so a
+validates a checkpoint file (env, group shape, weights) and calls the `actor` of the script that wrote it, so a
 MAPPO checkpoint can play against an IQL learner.
 """
 
@@ -39,10 +43,17 @@ class Act(Protocol):
 
 
 class MakePolicy(Protocol):
-    """A policy for `num_envs` envs from fresh hidden states, drawing its random choices from `rng`: what `Run`'s
-    `make_greedy` is, what a script's `actor(ckpt, group, spec, device, greedy)` returns, and what evaluations play."""
+    """A policy for `num_envs` envs from fresh hidden states, drawing its random choices from `rng`: what a script's
+    `acting(...)` and `actor(...)` return, what `Run`'s `make_greedy` is, and what evaluations play."""
 
     def __call__(self, num_envs: int, rng: np.random.Generator) -> Act: ...
+
+
+class CheckpointActor(Protocol):
+    """A script's module-level `actor`: group `group` of a checkpoint as a policy for a group shaped `spec` (its
+    networks rebuilt with the checkpoint's flags), greedy or sampling. `load_actor` checks the checkpoint first."""
+
+    def __call__(self, ckpt: dict, group: str, spec, device, greedy: bool = True) -> MakePolicy: ...
 
 
 ALGOS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos")
@@ -107,9 +118,9 @@ def load_actor(
                               f"{group_signature(spec)}")  # fmt: skip
     if bad := non_finite(ckpt["nets"]):
         raise CheckpointError(f"checkpoint {path} holds non-finite weights ({', '.join(bad[:3])})")
-    module = script_module(ckpt["algo"])
+    actor: CheckpointActor = script_module(ckpt["algo"]).actor
     try:
-        return module.actor(ckpt, source, spec, device, greedy)
+        return actor(ckpt, source, spec, device, greedy)
     except (RuntimeError, KeyError, ValueError, TypeError) as e:  # another layout, or an older version's
         detail = " ".join(str(e).split())[:200]
         raise CheckpointError(f"checkpoint {path} does not fit {ckpt['algo']}.py's networks ({type(e).__name__}: "

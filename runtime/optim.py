@@ -1,8 +1,9 @@
-"""Optimizers and their steps: Adam fused where torch has it, gradient clipping in foreach ops, the off-policy
-actor-critics' guarded step (a loss refused when it is not finite, each agent's network clipped on its own), and
-Polyak-averaged target networks.
+"""Optimizers and their steps: Adam fused where torch has it, gradient clipping in foreach ops, the NaN guard of every
+script (a loss refused when it is not finite), the off-policy actor-critics' guarded step (the guard, then each
+agent's network clipped on its own), and Polyak-averaged target networks.
 
     optimizer = adam(policy.parameters(), args.learning_rate, eps=1e-5)
+    check_finite(loss, f"group {g}: the loss", "lower --learning-rate", policy=pg_loss, value=v_loss)
     clip_grad_norm(policy.actor.parameters(), args.max_grad_norm)
     optimize(critic_loss, optimizers["critic"], critics.values(), args.max_grad_norm, "critic")
     soft_update((actor_targets, critic_targets), (actors, critics), args.tau)
@@ -45,14 +46,22 @@ def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     return norm
 
 
-def optimize(loss, optimizer, nets=(), max_grad_norm: float = 0.0, name: str = "loss") -> None:
-    """One step on `loss`, refused if it is not finite; each agent of each stacked network clipped separately.
+def check_finite(loss: torch.Tensor, name: str, advice: str, **terms: torch.Tensor) -> None:
+    """The NaN guard, called before the optimizer steps: a `loss` that is not finite raises FloatingPointError.
 
-    The error names the flag to turn (`--{name}-lr`): a non-finite loss poisons every weight it reaches, so the run
-    stops with its last checkpoint intact instead.
+    A non-finite loss poisons every weight it reaches, so the run stops instead, with its last checkpoint intact
+    (runtime/run.py). The message names the loss (`name`, e.g. "the TD loss"), its `terms` (name=tensor) and the
+    `advice` (the flags to turn): "the TD loss became nan (qmix 0.5, central nan); lower --learning-rate".
     """
-    if not torch.isfinite(loss):  # stop before the weights are poisoned
-        raise FloatingPointError(f"the {name} loss became {loss.item()}; lower --{name}-lr or check the rewards")
+    if not torch.isfinite(loss):
+        parts = ", ".join(f"{k} {v.item():.3g}" for k, v in terms.items())
+        raise FloatingPointError(f"{name} became {loss.item()}{f' ({parts})' if parts else ''}; {advice}")
+
+
+def optimize(loss, optimizer, nets=(), max_grad_norm: float = 0.0, name: str = "loss") -> None:
+    """One step on `loss`, refused if it is not finite (`check_finite`, naming `--{name}-lr`); each agent of each
+    stacked network clipped separately."""
+    check_finite(loss, f"the {name} loss", f"lower --{name}-lr or check the rewards")
     optimizer.zero_grad()
     loss.backward()
     for net in nets if max_grad_norm > 0 else ():

@@ -367,10 +367,8 @@ class _TorchCategorical(torch.distributions.Categorical):  # the plain path: tor
     mode = property(lambda self: self.probs.argmax(-1))
 
 
-def _plain_group_linear(self, x):  # the layers as plain products: a loop over agents (one, when shared)
-    if self.weight.shape[0] == 1:
-        return x @ self.weight[0] + self.bias[0]
-    return torch.stack([x[:, a] @ self.weight[a] + self.bias[a] for a in range(x.shape[1])], 1)
+def _plain_group_linear(self, x):  # the layers as plain products: a loop over the stacks (one, when shared)
+    return torch.stack([x[k] @ self.weight[k] + self.bias[k] for k in range(len(x))])
 
 
 @pytest.mark.parametrize("algo", ALGOS)

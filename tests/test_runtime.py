@@ -338,7 +338,7 @@ def test_restore_takes_the_moments_from_the_checkpoint_and_the_learning_rate_fro
 
 
 class Stacked(torch.nn.Module):
-    """n agents' linear maps stacked on the first dim, as maddpg.py's GroupLinear holds them."""
+    """n agents' linear maps stacked on the first dim, as runtime's GroupLinear holds them."""
 
     def __init__(self, n, d_in, d_out):
         super().__init__()
@@ -347,6 +347,18 @@ class Stacked(torch.nn.Module):
 
     def forward(self, x):
         return torch.baddbmm(self.bias, x, self.weight)
+
+
+def test_group_linear_sends_stack_k_through_layer_k_and_takes_the_first_stacks_alone():
+    from runtime import GroupLinear
+
+    layer = GroupLinear(3, 4, 2)
+    assert not layer.weight.any() and not layer.bias.any()  # zero until a script's layer_init draws them
+    torch.nn.init.normal_(layer.weight), torch.nn.init.normal_(layer.bias)
+    x = torch.randn(3, 5, 4)
+    want = torch.stack([x[k] @ layer.weight[k] + layer.bias[k] for k in range(3)])
+    torch.testing.assert_close(layer(x), want)
+    torch.testing.assert_close(layer(x[:2]), want[:2])  # matd3: the first of the twin critics alone
 
 
 def test_optimize_clips_every_agent_as_its_own_clip_grad_norm_would():
@@ -379,6 +391,22 @@ def test_optimize_refuses_a_non_finite_loss_and_leaves_the_weights():
     with pytest.raises(FloatingPointError, match=r"the actor loss became nan; lower --actor-lr"):
         optimize(loss, torch.optim.Adam(net.parameters()), [net], 0.5, "actor")
     assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
+
+
+def test_check_finite_names_the_loss_its_terms_and_the_advice():
+    from runtime import check_finite
+
+    check_finite(torch.tensor(1.5), "the loss", "lower --learning-rate", policy=torch.tensor(float("nan")))  # finite
+    with pytest.raises(FloatingPointError, match=r"^the loss became inf \(policy 0\.123, value inf\); lower --lr$"):
+        check_finite(
+            torch.tensor(float("inf")),
+            "the loss",
+            "lower --lr",
+            policy=torch.tensor(0.1234),
+            value=torch.tensor(float("inf")),
+        )
+    with pytest.raises(FloatingPointError, match=r"^group red: the TD loss became nan; check the rewards$"):
+        check_finite(torch.tensor(float("nan")), "group red: the TD loss", "check the rewards")
 
 
 def test_soft_update_moves_targets_tau_of_the_way_for_a_module_or_a_sequence():
