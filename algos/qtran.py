@@ -1,7 +1,8 @@
-"""QTRAN-base (Son et al. 2019, arXiv:1905.05408)"""
+"""QTRAN-base, and QTRAN-alt with --variant alt (Son et al. 2019, arXiv:1905.05408)"""
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -40,6 +41,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """at Ctrl-C, also write the replay buffer to replay.npz, so --resume replays the same data (else it refills)"""
 
     # --- QTRAN (the learning groups form one team; its reward is the mean of its agents' rewards) ---
+    variant: Literal["base", "alt"] = "base"
+    """base: one Q_jt(s, u) and L_nopt at the taken joint action; alt: Q_jt(s, ., u_-i) for every agent i's actions
+    (counterfactual joint networks) and L_nopt-min, the paper's stronger condition (Son et al. 2019, Sec. 3.3)"""
     learning_rate: float = 1e-3
     """Adam learning rate"""
     buffer_size: int = 5_000
@@ -71,7 +75,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     opt_loss: float = 1.0
     """weight of L_opt, which ties the sum of the agents' greedy utilities to Q_jt - V at the greedy joint action"""
     nopt_loss: float = 0.1
-    """weight of L_nopt, which keeps the sum of the chosen utilities above Q_jt - V at every other joint action"""
+    """weight of L_nopt (alt: L_nopt-min), which keeps the sum of the utilities at or above Q_jt - V elsewhere"""
     share_params: bool = True
     """one agent network per group with an agent-id one-hot (--no-share-params: one network per agent)"""
     max_grad_norm: float = 10.0
@@ -131,6 +135,28 @@ class JointQ(nn.Module):
         return self.q(torch.cat([state, agents], -1)).squeeze(-1), self.v(state).squeeze(-1)
 
 
+class CounterfactualQ(JointQ):
+    """QTRAN-alt's counterfactual joint networks: for every agent i at once, Q_jt(s, ., u_-i), one value per action of
+    agent i, from [s, h_i, sum_{j != i} e(h_j, u_j)] (its own features without its action); and V_jt(s) as base's."""
+
+    def __init__(self, n_actions, state_dim, args):
+        super().__init__(n_actions, state_dim, args)
+        d, e = args.hidden_size + n_actions, args.mixing_embed_dim
+        self.q = nn.Sequential(
+            nn.Linear(state_dim + args.hidden_size + d, e),
+            nn.ReLU(),
+            nn.Linear(e, e),
+            nn.ReLU(),
+            nn.Linear(e, n_actions),
+        )
+
+    def forward(self, features, onehot, alive, state):  # -> Q_jt(s, ., u_-i) (T, B, N, n), V (T, B)
+        each = self.encode(torch.cat([features, onehot], -1)) * alive[..., None]  # (T, B, N, d)
+        others = each.sum(-2, keepdim=True) - each  # sum over j != i
+        x = torch.cat([state[..., None, :].expand(*features.shape[:-1], -1), features, others], -1)
+        return self.q(x), self.v(state).squeeze(-1)
+
+
 class QTRAN(nn.Module):
     """The team: one GroupQ per learning group, and the joint networks over all their agents (one-hot actions padded
     to the largest group's action count)."""
@@ -138,7 +164,8 @@ class QTRAN(nn.Module):
     def __init__(self, specs, state_dim, args):
         super().__init__()
         self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
-        self.joint = JointQ(max(spec.action_dim for spec in specs.values()), state_dim, args)
+        joint = CounterfactualQ if args.variant == "alt" else JointQ
+        self.joint = joint(max(spec.action_dim for spec in specs.values()), state_dim, args)
 
 
 @torch.no_grad()
@@ -183,7 +210,7 @@ def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim")  # what the weights depend on
+NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "variant")  # what the weights depend on
 
 
 def main(args):
@@ -271,34 +298,53 @@ def group_outputs(agents, mb):
     return torch.cat(qs, 2), torch.cat(features, 2), torch.cat(alive, 2), torch.cat(avail, 2)
 
 
+def joint_value(q_cf, actions, alive):
+    """Q_jt(s, u) from the counterfactual networks: each living agent's Q_jt(s, u_i, u_-i) read at its own u_i, and
+    their mean (each is an estimate of the same joint value)."""
+    estimates = q_cf.gather(-1, actions[..., None]).squeeze(-1)
+    return (estimates * alive).sum(-1) / alive.sum(-1).clamp(min=1.0)
+
+
 def update(qtran, target, optimizer, rb, args, device, rng):
-    """One gradient step on replayed episodes: QTRAN-base's L_td + w_opt L_opt + w_nopt L_nopt (Son et al. 2019,
-    Eq. 6-9): Q_jt learns the team's TD target, and the agents' summed utilities Q' learn to equal Q_jt - V at the
-    greedy joint action and to stay at or above it elsewhere, so that the greedy joint action of Q' is Q_jt's."""
+    """One gradient step on replayed episodes: QTRAN's L_td + w_opt L_opt + w_nopt L_nopt (Son et al. 2019, Eq. 6-9;
+    alt: L_nopt-min, Eq. 11): Q_jt learns the team's TD target, and the agents' summed utilities Q' learn to equal
+    Q_jt - V at the greedy joint action and to stay at or above it elsewhere, so that the greedy joint action of Q' is
+    Q_jt's."""
     batch = rb.sample(args.batch_size, rng)  # (L + 1, B, ...) from a zero state
     mb = to_torch(batch, device)
     mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
     q, features, alive, avail = group_outputs(qtran.agents, mb)  # (L + 1, B, N, n), (L + 1, B, N, H), ...
-    n = q.shape[-1]
+    n, alt = q.shape[-1], args.variant == "alt"
     actions = torch.cat([mb[f"actions_{g}"] for g in qtran.agents], 2)  # (L + 1, B, N)
     greedy_q, greedy = q.masked_fill(~avail, -torch.inf).max(-1)  # each agent's best utility and action
     state = mb["state"]
+
+    def joint(net, features, u, alive, state):  # Q_jt(s, u) (T, B), V (T, B), and alt's Q_jt(s, ., u_-i)
+        out, v = net.joint(features, F.one_hot(u, n).float(), alive, state)
+        return (joint_value(out, u, alive), v, out) if alt else (out, v, None)
+
     # L_td: Q_jt(s, u) toward r + gamma Q_jt'(s', u'), u' the online agents' greedy actions (Double Q)
-    q_jt, v = qtran.joint(features[:-1], F.one_hot(actions[:-1], n).float(), alive[:-1], state[:-1])
+    q_jt, v, counterfactual = joint(qtran, features[:-1], actions[:-1], alive[:-1], state[:-1])
     with torch.no_grad():
         _, target_features, _, _ = group_outputs(target.agents, mb)
-        next_q_jt, _ = target.joint(target_features[1:], F.one_hot(greedy[1:], n).float(), alive[1:], state[1:])
+        next_q_jt, _, _ = joint(target, target_features[1:], greedy[1:], alive[1:], state[1:])
         targets = mb["reward"][:-1] + args.gamma * (1.0 - mb["terminated"][:-1].float()) * next_q_jt
     td_loss = ((q_jt - targets) ** 2 * mask).sum() / mask.sum().clamp(min=1.0)
     # L_opt: at the greedy joint action, sum_a max Q_a = Q_jt - V (Q_jt held fixed)
-    greedy_q_jt, _ = qtran.joint(features[:-1], F.one_hot(greedy[:-1], n).float(), alive[:-1], state[:-1])
+    greedy_q_jt, _, _ = joint(qtran, features[:-1], greedy[:-1], alive[:-1], state[:-1])
     best = torch.where(alive[:-1] > 0, greedy_q[:-1], torch.zeros_like(greedy_q[:-1]))  # a dead agent adds nothing
     opt_error = best.sum(-1) - greedy_q_jt.detach() + v
     opt_loss = (opt_error**2 * mask).sum() / mask.sum().clamp(min=1.0)
-    # L_nopt: at the taken joint action, sum_a Q_a(u_a) >= Q_jt - V
-    chosen = q[:-1].gather(-1, actions[:-1, ..., None]).squeeze(-1)
-    nopt_error = ((chosen * alive[:-1]).sum(-1) - q_jt.detach() + v).clamp(max=0.0)
-    nopt_loss = (nopt_error**2 * mask).sum() / mask.sum().clamp(min=1.0)
+    chosen = q[:-1].gather(-1, actions[:-1, ..., None]).squeeze(-1) * alive[:-1]  # (L, B, N), a dead agent's 0
+    if not alt:  # L_nopt: at the taken joint action, sum_a Q_a(u_a) >= Q_jt - V
+        nopt_squared = (chosen.sum(-1) - q_jt.detach() + v).clamp(max=0.0) ** 2
+    else:  # L_nopt-min: for each agent i, the min over its actions of Q'(u_i, u_-i) - Q_jt(s, u_i, u_-i) + V is 0
+        others = chosen.sum(-1, keepdim=True) - chosen  # sum_{j != i} Q_j(u_j), (L, B, N)
+        gap = q[:-1] + others[..., None] - counterfactual.detach() + v[..., None, None]  # (L, B, N, n)
+        lowest = gap.masked_fill(~avail[:-1], torch.inf).min(-1).values
+        living = alive[:-1] > 0
+        nopt_squared = torch.where(living, lowest, 0.0).pow(2).sum(-1) / living.sum(-1).clamp(min=1)  # agents' mean
+    nopt_loss = (nopt_squared * mask).sum() / mask.sum().clamp(min=1.0)
     loss = td_loss + args.opt_loss * opt_loss + args.nopt_loss * nopt_loss
     check_finite(loss, "the TD loss", "lower --learning-rate or check the reward scale")
     # UPDATE
