@@ -28,6 +28,7 @@ from runtime import (
     gru_sequence,
     make_env,
     mlp_forward,
+    per_agent,
     reset_finished,
     setup,
 )
@@ -94,12 +95,6 @@ def layer_init(layer, std=2**0.5, ortho=True):  # orthogonal weights, one matrix
     for w in layer.weight.data:
         nn.init.orthogonal_(w, std) if ortho else nn.init.kaiming_uniform_(w.T, a=5**0.5)
     return layer  # biases stay zero
-
-
-def per_agent(layer, x):  # a GroupLinear on (B, A, d_in) rows -> (B, A, d_out), product and bias in one op
-    if len(layer.weight) == 1:  # shared: every agent of every env one row of the one stack
-        return layer(x.reshape(1, -1, x.shape[-1])).view(*x.shape[:-1], -1)
-    return layer(x.transpose(0, 1)).transpose(0, 1)  # agent a: stack a, its own layer
 
 
 class GroupGRU(nn.Module):

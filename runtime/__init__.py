@@ -97,9 +97,10 @@ Modules: `args` (the shared flags, env construction, and freed memory kept for r
 step with per-agent clipping, soft targets), `schedule` (linear schedules and interval crossings), `categorical` (the
 policy-gradient scripts' categorical distribution, at a fraction of torch's cost on a few actions), `gru` (a GRU over a
 whole sequence in one call, and the reset of hidden states where episodes end), `layers` (GroupLinear: n agents' linear
-layers in one batched product), `mlp` (the acting pass of a feed-forward network in one call), `norm` (running mean/std
-of value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2), `run` (run dir, lock, writer,
-signals), `opponents` (groups frozen to random, to any script's checkpoint, or to self-play).
+layers in one batched product; per_agent on (B, A, d) rows), `mlp` (the acting pass of a feed-forward network in one
+call), `norm` (running mean/std of value targets and inputs, and the --feature-norm flag), `evaluation` (protocol v2),
+`run` (run dir, lock, writer, signals), `opponents` (groups frozen to random, to any script's checkpoint, or to
+self-play).
 Dependencies go one way: algos -> runtime -> {envs, buffers}.
 """
 
@@ -137,7 +138,7 @@ from runtime.checks import (
 )
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, periodic_seed
 from runtime.gru import gru_sequence, reset_finished
-from runtime.layers import GroupLinear
+from runtime.layers import GroupLinear, per_agent
 from runtime.mlp import fast_acting, mlp_forward
 from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
 from runtime.opponents import Act, CheckpointActor, MakePolicy
@@ -186,6 +187,7 @@ __all__ = [
     "mlp_forward",
     "make_eval_env",
     "optimize",
+    "per_agent",
     "periodic_seed",
     "reset_finished",
     "restore",

@@ -2,6 +2,7 @@
 
     layer = layer_init(GroupLinear(n, d_in, d_out))     # the script's own initialization draws the weights
     y = layer(x)                                        # x (n, R, d_in) -> (n, R, d_out): stack k through layer k
+    y = per_agent(layer, x)                             # x (B, A, d_in) rows -> (B, A, d_out), agent a's layer a
 
 A group's agents each have their own network (or share one), and a few dozen rows per agent make torch's dispatch the
 cost of a small product: one `torch.baddbmm` over the weights (n, d_in, d_out) and biases (n, 1, d_out) serves them
@@ -10,8 +11,8 @@ runtime/gru.py's recurrence (w_hh, b_hh), optim.py's per-agent clipping (each ag
 
 How a network's rows form the stacks is its script's: the DDPG family stacks agents and twin critics first, (A, B, d);
 the PPO pair's networks run on (B, A, d) rows, one stack of every agent's rows (n = 1, shared) or agent a's rows in
-stack a (`per_agent` in mappo.py, ippo.py). The weights start at zero until the script's `layer_init` draws them:
-nn.Linear's default in the DDPG family, orthogonal in the PPO pair (its --ortho-init).
+stack a (`per_agent`, as mappo.py and ippo.py call it). The weights start at zero until the script's `layer_init`
+draws them: nn.Linear's default in the DDPG family, orthogonal in the PPO pair (its --ortho-init).
 """
 
 import torch
@@ -31,3 +32,11 @@ class GroupLinear(nn.Module):
         if len(x) == len(self.weight):
             return torch.baddbmm(self.bias, x, self.weight)
         return torch.baddbmm(self.bias[: len(x)], x, self.weight[: len(x)])
+
+
+def per_agent(layer: GroupLinear, x: torch.Tensor) -> torch.Tensor:
+    """A GroupLinear on (B, A, d_in) rows -> (B, A, d_out): n = 1 puts every agent of every env in the one stack
+    (shared), else agent a's rows go through stack a (its own layer); product and bias in one op either way."""
+    if len(layer.weight) == 1:
+        return layer(x.reshape(1, -1, x.shape[-1])).view(*x.shape[:-1], -1)
+    return layer(x.transpose(0, 1)).transpose(0, 1)
