@@ -76,3 +76,30 @@ def test_compare_commits_compares_the_steps_both_runs_reached(tmp_path):
     long, short = run("long", [1.0, 2.0, 3.0, 4.0]), run("short", [1.0, 2.0, 3.0])
     assert compare_commits.compare(long, short, 10_000) == "identical (1 tags, 3 values, steps <= 200)"
     assert "differs" in compare_commits.compare(long, run("other", [1.0, 2.5, 3.0]), 10_000)
+
+
+def test_first_step_reads_the_first_sps_and_groups_compiles_by_scenario(tmp_path):
+    """bench_first_step.py's readings: the first charts/SPS event's wall time (not a later one's, not another tag's),
+    a clear error where a run logged none, and compiled functions put in the part they belong to."""
+    from bench_first_step import first_scalar_time, group_of
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    writer.add_scalar("charts/episodic_return", -20.0, 25, walltime=100.0)
+    writer.add_scalar("charts/SPS", 900.0, 3200, walltime=105.5)
+    writer.add_scalar("charts/SPS", 950.0, 6400, walltime=109.0)
+    writer.close()
+    assert first_scalar_time(tmp_path / "run") == 105.5
+    SummaryWriter(str(tmp_path / "empty")).close()
+    with pytest.raises(RuntimeError, match="logged no charts/SPS"):
+        first_scalar_time(tmp_path / "empty")
+    others = "MPE scenarios: the 8 others' functions"
+    assert group_of("envs.mpe.scenarios.observe_tag") == others
+    assert group_of("envs.mpe.scenarios.reward_speaker_listener") == others
+    assert group_of("envs.mpe.scenarios.touched_by_adversaries") == others
+    assert group_of("envs.mpe.scenarios._crypto_error") == others
+    assert group_of("envs.mpe.scenarios.observe_spread") == "MPE scenarios: simple_spread's, and shared"
+    assert group_of("envs.mpe.scenarios.observe") == "MPE scenarios: simple_spread's, and shared"
+    assert group_of("envs.mpe.kernels.step_envs") == "MPE kernels and physics"
+    assert group_of("buffers.kernels._gae") == "the buffers' kernels (GAE)"
+    assert group_of("numba.np.arrayobj.ol_np_zeros.<locals>.impl").startswith("Numba's own")
