@@ -103,3 +103,21 @@ def test_first_step_reads_the_first_sps_and_groups_compiles_by_scenario(tmp_path
     assert group_of("envs.mpe.kernels.step_envs") == "MPE kernels and physics"
     assert group_of("buffers.kernels._gae") == "the buffers' kernels (GAE)"
     assert group_of("numba.np.arrayobj.ol_np_zeros.<locals>.impl").startswith("Numba's own")
+
+
+def test_sweep_cost_reads_the_steady_speed_after_the_start(tmp_path):
+    """bench_sweep_cost.py's speed: the env steps from the middle to the last charts/SPS point over their wall times
+    (a slow start, such as the replay filling, left out), and a clear error for a run with too few points."""
+    from bench_sweep_cost import steady_speed
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    for step, wall in [(10_000, 100.0), (20_000, 130.0), (30_000, 131.0), (40_000, 132.0), (50_000, 133.0)]:
+        writer.add_scalar("charts/SPS", step / (wall - 90.0), step, walltime=wall)
+    writer.close()
+    assert steady_speed(tmp_path / "run") == pytest.approx(20_000 / 2.0)  # points 3 and 5 (the middle and the last)
+    writer = SummaryWriter(str(tmp_path / "short"))
+    writer.add_scalar("charts/SPS", 1.0, 1, walltime=1.0)
+    writer.close()
+    with pytest.raises(RuntimeError, match="logged 1 charts/SPS points"):
+        steady_speed(tmp_path / "short")
