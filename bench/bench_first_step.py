@@ -115,11 +115,16 @@ def one_iteration():
     return args.num_envs * args.num_steps
 
 
+def clone_env(clone):
+    """The environment of a run in the clone: its modules first on the path, Numba's cache beside them."""
+    return {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"} | {"PYTHONPATH": str(clone)}
+
+
 def run_once(clone, steps, run_dir, cold):
     """One main job in the clone: (seconds to the first training step, seconds in all, printed the compile line)."""
     if cold:
         empty_numba_caches(clone)
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"} | {"PYTHONPATH": str(clone)}
+    env = clone_env(clone)
     cmd = [sys.executable, "algos/mappo.py", "--env-id", "simple_spread_v3", "--total-timesteps", str(steps),
            "--final-eval-episodes", "0", "--run-dir", str(run_dir)]  # fmt: skip
     start = time.time()
@@ -136,7 +141,7 @@ def compile_breakdown(clone, steps, run_dir):
     """A cold run under the compile-event recorder: {group: own compile seconds}, the functions' own seconds, and
     that run's time to its first step (the recorder slows it)."""
     empty_numba_caches(clone)
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"} | {"PYTHONPATH": str(clone)}
+    env = clone_env(clone)
     cmd = [sys.executable, "-c", RECORDER, "algos/mappo.py", "--env-id", "simple_spread_v3", "--total-timesteps",
            str(steps), "--final-eval-episodes", "0", "--run-dir", str(run_dir)]  # fmt: skip
     start = time.time()
