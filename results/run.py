@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from collect import LOG_NAME, RECORD_NAME, RESULTS_DIR, collect, git_commit, read_json, run_dir_for
+from collect import LOG_NAME, RECORD_NAME, RESULTS_DIR, collect, finished_runs, git_commit, read_json, run_dir_for
 from collect import is_finished as run_is_finished
 
 REPO_ROOT = RESULTS_DIR.parent
@@ -610,6 +610,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def earlier_seeds(out: Path, env_id: str, label: str, swept: list[int], total_timesteps: int) -> list[int]:
+    """The finished seeds of `label` on `env_id` that this sweep did not run but an earlier one did with the same
+    budget: they belong in the same result file, and writing it from this sweep's seeds alone would drop them. A
+    seed of another budget (or started by hand, with no record of one) is left out, in a line that says so."""
+    found, _ = finished_runs(out, [env_id], [label])
+    same, other = [], []
+    for seed in found.get((env_id, label), []):
+        if seed in swept:
+            continue
+        record = read_json(run_dir_for(out, env_id, label, seed) / RECORD_NAME) or {}
+        (same if record.get("total_timesteps") == total_timesteps else other).append(seed)
+    if same:
+        print(f"{env_id}/{label}: also collecting seed(s) {same}, finished by an earlier sweep of the same budget")
+    if other:
+        print(f"{env_id}/{label}: leaving out seed(s) {other}, not trained by a sweep of {total_timesteps:,} steps")
+    return same
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep, collect it, regenerate the README; 0 when every run and collection succeeded."""
     from tqdm import tqdm
@@ -710,10 +728,14 @@ def main(argv: list[str] | None = None) -> int:
 
     errors: list[str] = []
     if not args.no_collect:
-        # The result files describe this sweep's seeds, minus those that failed or hold another command.
+        # The result files describe this sweep's seeds, minus those that failed or hold another command, and the
+        # seeds an earlier sweep of the same label and budget finished (a sweep adding seeds keeps the others).
         groups = {(run.env_id, run.algo): [] for run in runs}  # run.algo: the label, "<algo>-<variant>"
         for run in collectable:
             groups[run.env_id, run.algo].append(run.seed)
+        for (env_id, algo), seeds in groups.items():
+            if seeds:
+                seeds += earlier_seeds(args.out, env_id, algo, seeds, args.total_timesteps)
         paths, errors = collect(args.out, groups, args.total_timesteps)
         for path in paths:
             print(f"wrote {path}")

@@ -535,6 +535,24 @@ def test_two_sweeps_over_the_same_runs_share_them_and_lose_nothing(tmp_path):
     assert load(tmp_path, "fake_a")["seeds"] == [0, 1]
 
 
+def test_a_sweep_that_adds_seeds_keeps_the_earlier_seeds_in_the_result_file(tmp_path):
+    """A sweep of seed 2 after one of seeds 0 and 1 (same label and budget) wrote a result file of seed 2 alone: the
+    published seeds 0 and 1 were dropped from it without a word. A seed trained for another budget stays out, named."""
+    first = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "2", "--workers", "1", "--no-readme")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert load(tmp_path, "fake_a")["seeds"] == [0, 1]
+    other = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "3,", "--workers", "1", "--no-readme", "--no-collect")
+    assert other.returncode == 0, other.stdout + other.stderr
+    record = tmp_path / "runs" / "env_x" / "fake_a" / "seed3" / "run.json"
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"total_timesteps": TOTAL * 2}))
+    more = run_cli(tmp_path, "--algos", "fake_a", "--seeds", "2,", "--workers", "1", "--no-readme")
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert load(tmp_path, "fake_a")["seeds"] == [0, 1, 2]
+    earlier = "env_x/fake_a: also collecting seed(s) [0, 1], finished by an earlier sweep of the same budget"
+    assert earlier in more.stdout
+    assert f"env_x/fake_a: leaving out seed(s) [3], not trained by a sweep of {TOTAL:,} steps" in more.stdout
+
+
 def test_a_sweep_waits_for_a_script_running_in_its_directory_and_never_empties_one_it_did_not_start(tmp_path):
     run_dir = tmp_path / "runs" / "env_x" / "fake_a" / "seed0"
     run_dir.mkdir(parents=True)
