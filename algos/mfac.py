@@ -56,6 +56,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """gradient-norm clip, of actor and critic separately"""
     hidden_size: int = 64
     """width of the actor, of the critic's observation and mean-action encoders, and of its head"""
+    critic: Literal["q", "v"] = "q"
+    """'q': the paper's critic Q(o, a, a_mean), advantage Q(o, a, a_mean) - sum_a' pi(a'|o) Q(o, a', a_mean); 'v': the
+    authors' code's (mlii/mfrl, algo/ac.py), a state value V(o, a_mean) and the advantage returns - V"""
 
     # --- derived at runtime ---
     batch_size: int = field(default=0, init=False)
@@ -74,16 +77,20 @@ class Agents(nn.Module):
         self.actor = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, n))
         self.critic_obs = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU())
         self.critic_mean = nn.Sequential(nn.Linear(n, h), nn.ReLU())
-        self.critic_head = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Linear(h, n))
+        self.critic_head = nn.Sequential(nn.Linear(2 * h, h), nn.ReLU(), nn.Linear(h, n if args.critic == "q" else 1))
 
     def policy(self, obs, avail=None):  # obs (..., A, *obs_shape) -> Categorical over (..., A)
         logits = self.actor(obs.flatten(obs.dim() - self.obs_dims))
         logits = logits if avail is None else logits.masked_fill(avail == 0, -1e9)
         return Categorical(logits=logits, validate_args=False)
 
-    def q(self, obs, mean):  # -> Q(o, ., a_mean) (..., A, n)
+    def q(self, obs, mean):  # -> Q(o, ., a_mean) (..., A, n), or V(o, a_mean) (..., A, 1) with --critic v
         x = self.critic_obs(obs.flatten(mean.dim() - 1))
         return self.critic_head(torch.cat([x, self.critic_mean(mean)], -1))
+
+    def v(self, obs, mean, avail=None):  # -> V(o, a_mean) (..., A): the critic's own, or sum_a pi(a|o) Q(o, a, a_mean)
+        q = self.q(obs, mean)
+        return q.squeeze(-1) if q.shape[-1] == 1 else (self.policy(obs, avail).probs * q).sum(-1)
 
 
 class MFAC(nn.Module):
@@ -122,10 +129,8 @@ def act(agents, specs, obs, device, args, greedy=False):
 
 @torch.no_grad()
 def value(agents, obs, mean, device, avail=None):
-    """V(o, a_mean) = sum_a pi(a|o) Q(o, a, a_mean), numpy (E, A)."""
-    o = t(obs, device)
-    probs = agents.policy(o, None if avail is None else t(avail, device)).probs
-    return (probs * agents.q(o, t(mean, device))).sum(-1).cpu().numpy()
+    """V(o, a_mean), numpy (E, A)."""
+    return agents.v(t(obs, device), t(mean, device), None if avail is None else t(avail, device)).cpu().numpy()
 
 
 def acting(agents, specs, args, device, greedy=True) -> MakePolicy:
@@ -142,7 +147,7 @@ def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     return acting(agents, {group: spec}, args, device, greedy)
 
 
-NETWORK_FLAGS = ("hidden_size",)  # what the weights depend on
+NETWORK_FLAGS = ("hidden_size", "critic")  # what the weights depend on
 
 
 def main(args):
@@ -265,14 +270,19 @@ def rollout_fields(spec):
 
 
 def update(agents, optimizer, rb, args, device, rng):
-    """One actor-critic step on the whole rollout: the actor follows A = Q(o, a, a_mean) - V(o, a_mean), the critic
-    regresses Q(o, a, a_mean) on the TD(lambda) returns; dead agents' steps weigh nothing."""
+    """One actor-critic step on the whole rollout: the actor follows A = Q(o, a, a_mean) - V(o, a_mean) (--critic v:
+    returns - V(o, a_mean)), the critic regresses Q(o, a, a_mean) (or V) on the TD(lambda) returns; dead agents' steps
+    weigh nothing."""
     mb = to_torch(next(rb.minibatches(1, rng)), device)  # the whole rollout as one flat batch
     mask = mb["alive"]
     d = agents.policy(mb["obs"], mb.get("avail"))
     q_all = agents.q(mb["obs"], mb["mean"])
-    q = q_all.gather(-1, mb["actions"][..., None]).squeeze(-1)
-    advantage = (q - (d.probs * q_all).sum(-1)).detach()
+    if args.critic == "q":
+        q = q_all.gather(-1, mb["actions"][..., None]).squeeze(-1)
+        advantage = (q - (d.probs * q_all).sum(-1)).detach()
+    else:
+        q = q_all.squeeze(-1)  # V(o, a_mean)
+        advantage = (mb["returns"] - q).detach()
     pg_loss = masked_mean(mask, -d.log_prob(mb["actions"]) * advantage)
     v_loss = masked_mean(mask, 0.5 * (q - mb["returns"]) ** 2)
     entropy = masked_mean(mask, d.entropy())

@@ -141,3 +141,57 @@ def test_bad_input_fails_with_one_clear_error(algo, flags, message, capsys):
     base = TINY if algo == "mfq" else ["--num-envs", 2, "--num-steps", 10]
     code, _, err = run_inline(capsys, algo, *base, "--total-timesteps", 40, *flags, check=False)
     assert code == 2 and message.format(algo=algo) in err, err
+
+
+def test_mfac_critic_v_is_a_state_value_and_the_actor_follows_returns_minus_it():
+    """--critic v (the authors' code): one critic output, V(o, a_mean), is the value the targets bootstrap from, and
+    the policy loss weighs log pi(a|o) by returns - V (detached), dead agents' steps excluded."""
+    from envs.api import GroupSpec
+
+    spec = GroupSpec("g", ("a", "b"), (4,), np.dtype(np.float32), True, 5)
+    args = MFAC["Args"](critic="v")
+    torch.manual_seed(0)
+    agents = MFAC["Agents"](spec, args)
+    T, E, rng = 6, 3, np.random.default_rng(0)
+    obs = rng.normal(size=(T, E, 2, 4)).astype(np.float32)
+    mean = rng.dirichlet(np.ones(5), size=(T, E, 2)).astype(np.float32)
+    v = MFAC["value"](agents, obs, mean, "cpu")
+    assert v.shape == (T, E, 2)
+    np.testing.assert_allclose(v, agents.q(torch.as_tensor(obs), torch.as_tensor(mean))[..., 0].detach(), atol=1e-6)
+    rb = MFAC_RB(T, E, MFAC["rollout_fields"](spec))
+    alive = rng.random((T, E, 2)) > 0.2
+    for i in range(T):
+        rb.add(obs=obs[i], actions=rng.integers(0, 5, (E, 2)), mean=mean[i], values=v[i],
+               rewards=rng.normal(size=(E, 2)), terminated=np.zeros((E, 2), bool), truncated=np.zeros(E, bool),
+               final_values=np.zeros((E, 2)), alive=alive[i])  # fmt: skip
+    rb.compute_td_lambda(np.zeros((E, 2), np.float32), 0.9, 0.8)
+    d = {k: torch.as_tensor(x) for k, x in (rb.data | rb.targets).items()}
+    with torch.no_grad():
+        logp = agents.policy(d["obs"]).log_prob(d["actions"])
+        advantage = d["returns"] - torch.as_tensor(v)
+        m = d["alive"].float()
+        want = ((-logp * advantage) * m).sum() / m.sum()
+    opt = torch.optim.Adam(agents.parameters(), lr=1e-3)
+    out = MFAC["update"](agents, opt, rb, args, "cpu", np.random.default_rng(0))
+    np.testing.assert_allclose(out["policy_loss"], want.item(), rtol=1e-5)
+    np.testing.assert_allclose(out["advantage"], ((advantage.abs() * m).sum() / m.sum()).item(), rtol=1e-5)
+
+
+def test_mfac_critic_v_trains_and_its_checkpoint_plays_the_greedy_actions_of_its_weights(tmp_path, capsys):
+    from envs import make
+    from runtime.checkpoint import read_checkpoint
+
+    run_inline(capsys, "mfac", "--num-envs", 2, "--num-steps", 10, "--max-cycles", 7, "--total-timesteps", 40,
+               "--eval-interval", 0, "--final-eval-episodes", 2, "--critic", "v", "--run-dir", tmp_path)  # fmt: skip
+    ckpt = read_checkpoint(str(tmp_path / "last.pt"))
+    assert ckpt["args"]["critic"] == "v"
+    env = make("simple_spread_v3", 3, 0, backend="numba")
+    group, spec = next(iter(env.groups.items()))
+    obs = env.reset()
+    actions = MFAC["actor"](ckpt, group, spec, torch.device("cpu"))(3, np.random.default_rng(0))(obs, None)[group]
+    agents = MFAC["Agents"](spec, MFAC["Args"](critic="v"))
+    agents.load_state_dict(MFAC["sub_state"](ckpt["nets"]["mfac"], f"agents.{group}."))
+    want = agents.policy(torch.as_tensor(obs.obs[group])).probs.argmax(-1).numpy()
+    np.testing.assert_array_equal(actions, want)
+    assert agents.q(torch.as_tensor(obs.obs[group]), torch.zeros(3, spec.n_agents, spec.action_dim)).shape[-1] == 1
+    env.close()
