@@ -1,7 +1,7 @@
 """MF-AC, mean-field actor-critic (Yang et al. 2018, arXiv:1802.05438)"""
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     num_envs: int = 16
     """parallel training envs"""
 
-    # --- MF-AC (an actor pi(a|o) and a critic Q(o, a, neighbours' mean action), shared by a group's agents) ---
+    # --- MF-AC (an actor pi(a|o) and a critic of the neighbours' mean action, shared by a group's agents) ---
     mean_over: Literal["auto", "view", "group"] = "auto"
     """the neighbours whose actions are averaged: 'view' (the agents within --view-radius, on grid envs),
     'group' (every other living agent of the group), or 'auto' (view where the env has positions, else group)"""
@@ -56,9 +56,13 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """gradient-norm clip, of actor and critic separately"""
     hidden_size: int = 64
     """width of the actor, of the critic's observation and mean-action encoders, and of its head"""
-    critic: Literal["q", "v"] = "q"
-    """'q': the paper's critic Q(o, a, a_mean), advantage Q(o, a, a_mean) - sum_a' pi(a'|o) Q(o, a', a_mean); 'v': the
-    authors' code's (mlii/mfrl, algo/ac.py), a state value V(o, a_mean) and the advantage returns - V"""
+    critic: Literal["v", "q"] = "v"
+    """'v': the authors' code's critic (mlii/mfrl, algo/ac.py), a state value V(o, a_mean) and the advantage
+    returns - V; 'q': the paper's equations, Q(o, a, a_mean) and the advantage Q(o, a, a_mean) - sum_a' pi(a'|o) Q(o,
+    a', a_mean) (it fails the one-agent simple_v3: results/mpe_matrix.md)"""
+
+    BEFORE_FLAGS: ClassVar[dict] = {"critic": "q"}
+    """not a flag: what a checkpoint written before --critic existed ran with (runtime.checkpoint_args)"""
 
     # --- derived at runtime ---
     batch_size: int = field(default=0, init=False)
@@ -68,7 +72,8 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
 
 
 class Agents(nn.Module):
-    """One group's actor pi(.|o) and mean-field critic Q(o, ., a_mean), shared by its agents."""
+    """One group's actor pi(.|o) and mean-field critic V(o, a_mean) (--critic q: Q(o, ., a_mean)), shared by its
+    agents."""
 
     def __init__(self, spec, args):
         super().__init__()

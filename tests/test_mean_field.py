@@ -74,11 +74,11 @@ def test_acting_averages_over_the_view_on_grid_envs(radius, tmp_path, capsys):
     assert (means == 0).all() if radius == 0 else np.allclose(means[0].sum(-1), 1.0)
 
 
-def test_mfac_advantage_is_zero_in_expectation_and_its_returns_are_td_lambda(tmp_path, capsys):
+def test_mfac_q_advantage_is_zero_in_expectation_and_the_returns_are_td_lambda(tmp_path, capsys):
     from envs.api import GroupSpec
 
     spec = GroupSpec("g", ("a", "b"), (4,), np.dtype(np.float32), True, 5)
-    agents = MFAC["Agents"](spec, MFAC["Args"]())
+    agents = MFAC["Agents"](spec, MFAC["Args"](critic="q"))
     obs, mean = torch.randn(7, 2, 4), torch.softmax(torch.randn(7, 2, 5), -1)
     probs, q = agents.policy(obs).probs, agents.q(obs, mean)
     value = MFAC["value"](agents, obs.numpy(), mean.numpy(), "cpu")
@@ -194,4 +194,10 @@ def test_mfac_critic_v_trains_and_its_checkpoint_plays_the_greedy_actions_of_its
     want = agents.policy(torch.as_tensor(obs.obs[group])).probs.argmax(-1).numpy()
     np.testing.assert_array_equal(actions, want)
     assert agents.q(torch.as_tensor(obs.obs[group]), torch.zeros(3, spec.n_agents, spec.action_dim)).shape[-1] == 1
+    # a checkpoint from before --critic (every mfac run until then) holds the Q critic, and still loads as one
+    older = MFAC["MFAC"]({group: spec}, MFAC["Args"](critic="q"))
+    args = {k: v for k, v in ckpt["args"].items() if k != "critic"}
+    played = MFAC["actor"]({"args": args, "nets": {"mfac": older.state_dict()}}, group, spec, torch.device("cpu"))
+    want = older.agents[group].policy(torch.as_tensor(obs.obs[group])).probs.argmax(-1).numpy()
+    np.testing.assert_array_equal(played(3, np.random.default_rng(0))(obs, None)[group], want)
     env.close()
