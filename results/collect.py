@@ -103,6 +103,10 @@ class CollectError(Exception):
 
 
 NOT_RESULTS = ("tournament.json", "crossplay.json")  # written beside the result files, by tournament.py, crossplay.py
+PER_RUN_KEYS = {"seed", "run_dir", "resume", "eval_checkpoint"}  # differ between seeds by design
+# how a run ran, not what it learned: seeds of one row may differ in these (a seed run on another machine, with --cuda)
+HOW_IT_RAN = PER_RUN_KEYS | {"cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "capture_video"}
+HOW_IT_RAN |= {"save_model", "save_buffer", "checkpoint_minutes", "vector"}
 
 
 def git_commit() -> str:
@@ -189,6 +193,26 @@ def check_seeds(run_dirs: dict[int, Path], configs: dict[int, dict]) -> None:
         trained_by[trained] = run_dir
         if trained != seed:
             raise CollectError(f"{run_dir} trained with --seed {trained} ({CONFIG_NAME}), not the seed {seed} it names")
+
+
+def check_one_configuration(configs: dict[int, dict], varying: dict) -> None:
+    """One row is one configuration: a CollectError naming the flags whose values differ between seeds (a sweep that
+    added seeds after a default changed would otherwise average two configurations under one label). A flag that only
+    some seeds recorded (added to the script between them) is not compared."""
+    differing = {
+        key: per_seed
+        for key, per_seed in varying.items()
+        if key not in HOW_IT_RAN and all(key in cfg for cfg in configs.values() if cfg is not None)
+    }
+    if differing:
+        said = "; ".join(
+            f"{key}: " + ", ".join(f"seed {seed} {json.dumps(value)}" for seed, value in per_seed.items())
+            for key, per_seed in differing.items()
+        )
+        raise CollectError(
+            f"its seeds ran different configurations ({said}): rerun the odd seeds with the others' "
+            "flags, or sweep them under another --variant"
+        )
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -474,6 +498,7 @@ def build_result(
             }
         )
     common, varying = _common_and_varying(configs)
+    check_one_configuration(configs, varying)
     commits = _unique(records[s].get("commit") for s in seeds)
     ends = sorted(records[s]["end"] for s in seeds if records[s].get("end"))
     summary_keys = ["final_eval_return", "best_eval_return", "wall_time_s", "sps"]

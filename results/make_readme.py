@@ -27,13 +27,21 @@ from pathlib import Path
 import eval_final
 import numpy as np
 import tyro
-from collect import PROTOCOL, RESULTS_DIR, REWARD_CONVENTION, check_result, env_kwargs_of, read_json, result_paths
+from collect import (
+    PER_RUN_KEYS,
+    PROTOCOL,
+    RESULTS_DIR,
+    REWARD_CONVENTION,
+    check_result,
+    env_kwargs_of,
+    read_json,
+    result_paths,
+)
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
 CURVES_NAME = "curves.png"
 OVERVIEW_NAME = "mpe_overview.png"  # the cooperative tasks of the overview, as a heatmap
 ROOT = RESULTS_DIR.parent  # the per-seed commands run from the repository root
-PER_RUN_KEYS = {"seed", "run_dir", "resume", "eval_checkpoint"}  # differ between seeds by design
 REFERENCE_KEYS = {"env_id", "algo", "mean", "std", "best", "n_seeds", "total_timesteps", "protocol", "source"}
 
 

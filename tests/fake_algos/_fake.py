@@ -61,6 +61,12 @@ def eval_checkpoint(algo: str, args: argparse.Namespace) -> None:
     )
 
 
+def write_checkpoint(run_dir, state: dict) -> None:
+    """last.pt as the scripts write theirs: whole or not at all (a reader never sees half a file)."""
+    (run_dir / "last.pt.tmp").write_text(json.dumps(state))
+    os.replace(run_dir / "last.pt.tmp", run_dir / "last.pt")
+
+
 def main(algo: str, offset: float, slope: float, fail_after: int | None = None, hang: bool = False) -> None:
     """Run the fake: fail (exit 3) after ``fail_after`` evaluations, or hang forever when asked."""
     args = parse_args()
@@ -89,7 +95,7 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
         log("eval/episodic_return", value, step)
         log("eval/episodic_return/agent", value, step)
         writer.flush()
-        (args.run_dir / "last.pt").write_text(json.dumps({"evals": i}))
+        write_checkpoint(args.run_dir, {"evals": i})
         time.sleep(float(os.environ.get("FAKE_EVAL_SLEEP", 0)))
         if fail_after is not None and i >= fail_after:
             writer.close()
@@ -98,5 +104,5 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
     while hang:
         time.sleep(1)
     writer.close()
-    (args.run_dir / "last.pt").write_text(json.dumps({"evals": NUM_EVALS, "final_eval_return": value}))
+    write_checkpoint(args.run_dir, {"evals": NUM_EVALS, "final_eval_return": value})
     (args.run_dir / "DONE").write_text("")
