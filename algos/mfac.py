@@ -51,7 +51,8 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     ent_coef: float = 0.08
     """entropy bonus weight (the authors' battle setting)"""
     vf_coef: float = 0.1
-    """critic loss weight (the authors' battle setting)"""
+    """critic loss weight (the authors' battle setting, where actor and critic share layers; here they share none, and
+    under Adam the weight moves the critic's steps only through --max-grad-norm's clip)"""
     max_grad_norm: float = 5.0
     """gradient-norm clip, of actor and critic separately"""
     hidden_size: int = 64
