@@ -198,16 +198,15 @@ def check_seeds(run_dirs: dict[int, Path], configs: dict[int, dict]) -> None:
 def check_one_configuration(configs: dict[int, dict], varying: dict) -> None:
     """One row is one configuration: a CollectError naming the flags whose values differ between seeds (a sweep that
     added seeds after a default changed would otherwise average two configurations under one label). A flag that only
-    some seeds recorded (added to the script between them) is not compared."""
-    differing = {
-        key: per_seed
-        for key, per_seed in varying.items()
-        if key not in HOW_IT_RAN and all(key in cfg for cfg in configs.values() if cfg is not None)
-    }
+    some seeds recorded (added to the script between them) differs too: what the others ran with is not known here."""
+    differing = [key for key in varying if key not in HOW_IT_RAN]
     if differing:
         said = "; ".join(
-            f"{key}: " + ", ".join(f"seed {seed} {json.dumps(value)}" for seed, value in per_seed.items())
-            for key, per_seed in differing.items()
+            f"{key}: "
+            + ", ".join(
+                f"seed {seed} {json.dumps(cfg[key]) if key in cfg else 'absent'}" for seed, cfg in configs.items()
+            )
+            for key in differing
         )
         raise CollectError(
             f"its seeds ran different configurations ({said}): rerun the odd seeds with the others' "

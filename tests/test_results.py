@@ -1057,22 +1057,26 @@ def test_collect_names_a_garbled_or_missing_config_instead_of_taking_the_other_s
 
 def test_collect_refuses_seeds_of_different_configurations_under_one_label(local_sweep, tmp_path, capsys):
     """A sweep that adds seeds after a default changed collects the earlier seeds too (earlier_seeds): one row then
-    averaged two configurations, the difference only in the JSON's config_per_seed. Refused, naming the flag; how a
-    seed ran (--cuda, threads) may differ, and a flag only some seeds recorded (added between them) is not compared."""
+    averaged two configurations, the difference only in the JSON's config_per_seed. Refused, naming the flag (also one
+    that only some seeds recorded: the others ran before it existed); how a seed ran (--cuda, threads) may differ."""
     out = tmp_path / "results"
     shutil.copytree(local_sweep[0], out)
     runs, before = out / "runs" / "env_x" / "fake_a", (out / "env_x" / "fake_a.json").read_text()
     config = runs / "seed1" / "config.json"
     recorded = json.loads(config.read_text())
-    config.write_text(json.dumps(recorded | {"cuda": True, "torch_threads": 4, "critic": "v"}))
+    config.write_text(json.dumps(recorded | {"cuda": True, "torch_threads": 4}))
     assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 0
-    assert load(out, "fake_a")["config_per_seed"]["critic"] == {"0": None, "1": "v"}
-    config.write_text(json.dumps(recorded | {"num_envs": 8}))
+    assert load(out, "fake_a")["config_per_seed"]["cuda"] == {"0": None, "1": True}  # the fake records no --cuda
     (out / "env_x" / "fake_a.json").write_text(before)
-    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
-    err = capsys.readouterr().err
-    assert "error: env_x/fake_a: its seeds ran different configurations (num_envs: seed 0 4, seed 1 8)" in err
-    assert "--variant" in err and (out / "env_x" / "fake_a.json").read_text() == before
+    for change, said in [
+        ({"num_envs": 8}, "num_envs: seed 0 4, seed 1 8"),
+        ({"critic": "v"}, 'critic: seed 0 absent, seed 1 "v"'),
+    ]:
+        config.write_text(json.dumps(recorded | change))
+        assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 1
+        err = capsys.readouterr().err
+        assert f"error: env_x/fake_a: its seeds ran different configurations ({said})" in err
+        assert "--variant" in err and (out / "env_x" / "fake_a.json").read_text() == before
 
 
 def test_a_result_of_runs_started_by_hand_says_it_has_no_command_and_is_not_stale(local_sweep, tmp_path, monkeypatch):
