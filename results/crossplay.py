@@ -9,7 +9,10 @@ of X against seed s of Y (`--seeds`, default 0,1,2: the matrix's), each pair on 
 env i seeded FINAL_SEED + i, greedy), and every team's return is averaged over the seed pairs. The diagonal is
 then the matrix row's own per-group numbers, which the script checks: exactly on the rows' own episodes, up to
 sampling noise with fewer `--episodes` or `--backend numba` (ours: the same physics, faster, other start states).
-Checkpoints: `<runs>/<task>/<script>-<variant>/seed<s>/last.pt`.
+Checkpoints: `<runs>/<task>/<script>-<variant>/seed<s>/last.pt`. `--keep DIR` copies them (weights and flags, no
+optimizer states) to the same layout under DIR and exits: run directories live in a sweep's clone and are not kept,
+so the published cross-play is played, and joined by a new script, from the copies in results/policies
+(`--runs results/policies`).
 
 mpe2 has one action space per env. A pair of a discrete and a continuous script plays in the continuous env, the
 discrete team's action a sent as its continuous twin: the one-hot e_a, or for a group that moves and speaks
@@ -44,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from collect import git_commit  # noqa: E402
 
 import envs  # noqa: E402
-from runtime.checkpoint import read_checkpoint  # noqa: E402
+from runtime.checkpoint import copy_policy, read_checkpoint  # noqa: E402
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate  # noqa: E402
 from runtime.opponents import Frozen, load_actor  # noqa: E402
 
@@ -270,6 +273,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--runs", type=Path, default=RESULTS_DIR / "runs", help="run directories' root")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default results/<env>/)")
+    parser.add_argument("--keep", type=Path, default=None, help="copy each checkpoint (no optimizer states) to "
+                        "KEEP/<env>/<script>-<variant>/seed<s>/last.pt and exit (e.g. results/policies)")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="play every pair, also those whose checkpoints did not "
                         "change since the last crossplay.json (reused by default)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -277,7 +282,7 @@ def main(argv=None) -> int:
     label = (lambda a: f"{a}-{args.variant}") if args.variant else (lambda a: a)
     try:
         seeds = parse_seeds(args.seeds)
-        if len(algos) < 2 or not seeds or args.episodes < 1:
+        if len(algos) < 2 - bool(args.keep) or not seeds or args.episodes < 1:
             raise ValueError("cross-play needs two scripts or more (--algos), a seed (--seeds) and --episodes >= 1")
         probe = {c: make(args.env_id, 1, 0, c, args.backend) for c in (False, True)}
         specs = {c: dict(e.groups) for c, e in probe.items()}
@@ -289,6 +294,12 @@ def main(argv=None) -> int:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise ValueError(f"no checkpoint {missing[0]}{more}: train the rows first (results/run.py), or name "
                              f"--runs/--variant")  # fmt: skip
+        if args.keep:
+            for path in paths.values():
+                copy = args.keep / path.relative_to(args.runs)
+                copy_policy(str(path), str(copy))
+                print(f"kept {copy}")
+            return 0
         first = {a: read_checkpoint(str(paths[a, seeds[0]])) for a in algos}
         continuous = {a: bool(ckpt["args"].get("continuous_actions")) for a, ckpt in first.items()}
     except (ValueError, OSError, envs.EnvArgumentError) as e:

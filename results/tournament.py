@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 import envs
-from runtime.checkpoint import read_checkpoint, save_checkpoint
+from runtime.checkpoint import copy_policy, read_checkpoint
 from runtime.opponents import Frozen, load_actor, parse_opponent, random_actor
 
 RESULTS_DIR = Path(__file__).resolve().parent
@@ -255,15 +255,10 @@ def main(argv=None):
 
 def keep(players: dict, directory: Path) -> list[Path]:
     """Copies of the checkpoint players without their optimizer states, at `directory/<player name>/last.pt`."""
-    kept = []
-    for name, (path, _) in players.items():
-        if path is not None:
-            ckpt = read_checkpoint(path)
-            ckpt["optimizers"] = {}
-            kept.append(directory / name / "last.pt")
-            kept[-1].parent.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(str(kept[-1]), ckpt)
-    return kept
+    kept = [(path, directory / name / "last.pt") for name, (path, _) in players.items() if path is not None]
+    for path, copy in kept:
+        copy_policy(path, str(copy))
+    return [copy for _, copy in kept]
 
 
 def sha256(path: str | None) -> str | None:

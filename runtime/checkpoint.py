@@ -95,6 +95,15 @@ def write(path: str, tmp: str, ckpt: dict) -> None:
                       f"is intact: free space or pick another --run-dir, then --resume") from None  # fmt: skip
 
 
+def copy_policy(path: str, copy: str) -> None:
+    """A copy of checkpoint `path` at `copy` without its optimizer states: the weights and flags that a player needs
+    (results/tournament.py and results/crossplay.py keep final policies this way, a fraction of the run's files)."""
+    ckpt = read_checkpoint(path)
+    ckpt["optimizers"] = {}
+    os.makedirs(os.path.dirname(os.path.abspath(copy)), exist_ok=True)
+    save_checkpoint(copy, ckpt)
+
+
 def read_checkpoint(path: str) -> dict:
     """torch.load(weights_only=True) with every failure turned into one CheckpointError line."""
     if not os.path.isfile(path):

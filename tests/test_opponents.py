@@ -363,6 +363,14 @@ def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_
     assert record["continuous"] == {"mappo": False, "maddpg": True} and record["teams"] == [["adversary"], ["agent"]]
     assert all(set(r[0]) == {"adversary", "agent"} for r in record["per_seed"].values())
     assert "**adversary** (team 1) return" in (tmp_path / "out" / "crossplay.md").read_text()
+    # --keep: the checkpoints without optimizer states, in the runs' layout; a cross-play from them plays alike
+    kept = tmp_path / "kept" / "simple_adversary_v3" / "maddpg-3m" / "seed0" / "last.pt"
+    assert crossplay.main([*argv[:3], "maddpg", *argv[4:], "--runs", str(tmp_path / "runs"), "--keep",
+                           str(tmp_path / "kept")]) == 0 and f"kept {kept}" in capsys.readouterr().out  # fmt: skip
+    assert torch.load(kept, weights_only=True)["optimizers"] == {}
+    assert crossplay.main([*argv, "--runs", str(tmp_path / "runs"), "--keep", str(tmp_path / "kept")]) == 0
+    assert crossplay.main([*argv, "--runs", str(tmp_path / "kept"), "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "crossplay.json").read_text())["per_seed"] == record["per_seed"]
     # a second run keeps the pairs whose checkpoints did not change, and plays the others (all with --fresh)
     played, play, digest = [], crossplay.play, crossplay.digest
     monkeypatch.setattr(crossplay, "play", lambda *a: played.append(1) or play(*a))
