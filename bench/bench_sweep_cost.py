@@ -7,9 +7,15 @@ and the core-hours of a run at the budget it would get.
 Each (script, task) trains once for --steps env steps (one torch thread, no evaluation) and its speed is read from
 the run's own `charts/SPS` points: the env steps between the middle and the last point over the wall time between
 them, so the start (imports, compiling, the replay filling before the first update) is left out. A run at budget B
-then costs B / speed seconds of one core, evaluation excluded. Budgets: --on-policy-steps for the on-policy scripts
+then costs B / speed seconds of one core for its training. Budgets: --on-policy-steps for the on-policy scripts
 (ON_POLICY), --off-policy-steps for the rest (the EPyMARL benchmark: 20M and 2M, as its paper counts them).
-The load average is recorded beside the numbers: on a shared machine they are a lower bound on speed.
+
+Evaluation runs on the original package (protocol v2), not on the Numba port that trains, and on RWARE's 500-step
+episodes it is not small: each task also times --eval-timing-episodes episodes of the package through
+runtime.evaluation.evaluate (uniformly random actions: the package's stepping, without a network's forward pass),
+and a run is charged --eval-per-run episodes at that rate (default 5,000: the EPyMARL cadence's 40 evaluations of 100
+episodes and protocol v2's 1,000 final ones). The load average is recorded beside the numbers: on a shared machine
+they are a lower bound on speed.
 """
 
 import argparse
@@ -19,6 +25,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import date
 from pathlib import Path
 
@@ -26,7 +33,12 @@ import torch
 from host import cpu_name
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import envs
+from runtime.evaluation import FINAL_SEED, evaluate
+from runtime.opponents import random_actor
+
 ROOT = Path(__file__).resolve().parents[1]
+
 OUT = ROOT / "results" / "speed"
 ON_POLICY = {"mappo", "ippo", "happo", "coma", "vdac", "commnet", "ic3net", "tarmac", "mfac"}
 ALGOS = "iql,vdn,qmix,maddpg,ippo,mappo,coma"  # the benchmark's algorithms that we have (MADDPG with discrete actions)
@@ -57,6 +69,21 @@ def measure(algo, env_id, steps, workdir):
     return steady_speed(run_dir), " ".join(cmd[1:-2]).replace(str(ROOT) + "/", "")
 
 
+def eval_seconds(env_id, episodes):
+    """Seconds per episode of the original package (protocol v2's evaluation env), random actions, `episodes` of it."""
+    probe = envs.make(env_id, 1, 0)
+    specs = list(probe.groups.values())
+    probe.close()
+
+    def joint(num_envs, rng):
+        acts = [random_actor(spec)(num_envs, rng) for spec in specs]
+        return lambda obs, done: {k: v for act in acts for k, v in act(obs, done).items()}
+
+    start = time.perf_counter()
+    evaluate(lambda n, seed: envs.make(env_id, n, seed), joint, episodes, FINAL_SEED)
+    return (time.perf_counter() - start) / episodes
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", default=ALGOS, help="comma-separated scripts")
@@ -65,6 +92,8 @@ def main():
     parser.add_argument("--on-policy-steps", type=int, default=20_000_000, help="budget of an on-policy run")
     parser.add_argument("--off-policy-steps", type=int, default=2_000_000, help="budget of an off-policy run")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per cell, for the sweep's total")
+    parser.add_argument("--eval-timing-episodes", type=int, default=100, help="package episodes timed per task")
+    parser.add_argument("--eval-per-run", type=int, default=5000, help="evaluation episodes a run plays")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--name", default="sweep_cost", help="file names of the report: <out>/<name>.md and .json")
     args = parser.parse_args()
@@ -74,17 +103,21 @@ def main():
     load_before, rows = os.getloadavg(), []
     with tempfile.TemporaryDirectory() as tmp:
         for env_id in env_ids:
+            per_episode = eval_seconds(env_id, args.eval_timing_episodes)
+            evaluation = args.eval_per_run * per_episode / 3600
             for algo in algos:
                 speed, cmd = measure(algo, env_id, args.steps, tmp)
                 budget = args.on_policy_steps if algo in ON_POLICY else args.off_policy_steps
                 rows.append(dict(algo=algo, env_id=env_id, env_steps_per_s=speed, budget=budget,
-                                 core_hours=budget / speed / 3600, command=cmd))  # fmt: skip
+                                 training_core_hours=budget / speed / 3600, eval_s_per_episode=per_episode,
+                                 eval_core_hours=evaluation, core_hours=budget / speed / 3600 + evaluation,
+                                 command=cmd))  # fmt: skip
                 print(f"{env_id:28s} {algo:7s} {speed:9,.0f} env-steps/s, {rows[-1]['core_hours']:6.2f} h a run")
     total = args.seeds * sum(r["core_hours"] for r in rows)
     report = dict(date=date.today().isoformat(), cpu=cpu_name(), cores=os.cpu_count(), python=platform.python_version(),
                   torch=torch.__version__, load_average_before=load_before, load_average=os.getloadavg(),
                   command=" ".join(["python bench/bench_sweep_cost.py", *sys.argv[1:]]), steps=args.steps,
-                  seeds=args.seeds, rows=rows, total_core_hours=total)  # fmt: skip
+                  seeds=args.seeds, eval_per_run=args.eval_per_run, rows=rows, total_core_hours=total)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     load = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
@@ -93,13 +126,15 @@ def main():
         "",
         f"Measured {report['date']} on {report['cpu']}, one torch thread, each script at its defaults (MADDPG with "
         f"--no-continuous-actions), {args.steps:,} env steps per timed run, speed from the middle to the last "
-        f"`charts/SPS` point (start, compile and replay filling left out), evaluation excluded; load average "
-        f"{load(load_before)} before and {load(report['load_average'])} after. Regenerate: `{report['command']}`.",
+        f"`charts/SPS` point (start, compile and replay filling left out); evaluation: {args.eval_per_run:,} "
+        f"episodes a run on the original package, timed with random actions; load average {load(load_before)} "
+        f"before and {load(report['load_average'])} after. Regenerate: `{report['command']}`.",
         "",
-        "| task | script | env-steps/s | budget | core-hours a run |",
-        "|---|---|---|---|---|",
+        "| task | script | env-steps/s | budget | training | evaluation (s an episode) | core-hours a run |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [f"| {r['env_id']} | {r['algo']} | {r['env_steps_per_s']:,.0f} | {r['budget'] / 1e6:g}M | "
+              f"{r['training_core_hours']:.2f} | {r['eval_core_hours']:.2f} ({r['eval_s_per_episode']:.3f}) | "
               f"{r['core_hours']:.2f} |" for r in rows]  # fmt: skip
     lines += ["", f"All cells above, {args.seeds} seeds each: **{total:.0f} core-hours** ({total / 2:.0f} hours of a "
               "2-core machine running two runs side by side)."]  # fmt: skip
