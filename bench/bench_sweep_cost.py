@@ -38,7 +38,6 @@ from runtime.evaluation import FINAL_SEED, evaluate
 from runtime.opponents import random_actor
 
 ROOT = Path(__file__).resolve().parents[1]
-
 OUT = ROOT / "results" / "speed"
 ON_POLICY = {"mappo", "ippo", "happo", "coma", "vdac", "commnet", "ic3net", "tarmac", "mfac"}
 ALGOS = "iql,vdn,qmix,maddpg,ippo,mappo,coma"  # the benchmark's algorithms that we have (MADDPG with discrete actions)
@@ -100,6 +99,8 @@ def main():
     algos, env_ids = args.algos.split(","), args.envs.split(",")
     if unknown := [a for a in algos if not (ROOT / "algos" / f"{a}.py").is_file()]:
         parser.error(f"no script algos/<name>.py for {', '.join(unknown)}")
+    if args.eval_timing_episodes < 1 or args.eval_per_run < 0:
+        parser.error("--eval-timing-episodes must be at least 1 and --eval-per-run at least 0 (0: no evaluation)")
     load_before, rows = os.getloadavg(), []
     with tempfile.TemporaryDirectory() as tmp:
         for env_id in env_ids:
