@@ -77,15 +77,15 @@ def _forward(x, n_agents, normalize, mean, var, with_id, w1, b1, w2, b2, w3, b3)
     input row and the one-hot id added as its weight row (a centralized critic's state: once per env, not per agent);
     shared weights (n = 1): one product of every agent's rows, n = A: agent a's rows through its own layers."""
     B, X, d, n, A, H = x.shape[0], x.shape[1], x.shape[2], w1.shape[0], n_agents, w1.shape[2]
-    xn = np.empty((B, X, d), np.float32)
-    for e in range(B):
-        for r in range(X):
-            for i in range(d):
-                v = x[e, r, i]
-                if normalize:  # as InputNorm: (x - mean) / sqrt(var + 1e-8), clipped
-                    v = (v - mean[i]) / np.sqrt(var[i] + np.float32(1e-8))
-                    v = min(max(v, np.float32(-INPUT_CLIP)), np.float32(INPUT_CLIP))
-                xn[e, r, i] = v
+    if normalize:  # as InputNorm: (x - mean) / sqrt(var + 1e-8), clipped; the d square roots taken once
+        xn, std = np.empty((B, X, d), np.float32), np.sqrt(var + np.float32(1e-8))
+        for e in range(B):
+            for r in range(X):
+                for i in range(d):
+                    v = (x[e, r, i] - mean[i]) / std[i]
+                    xn[e, r, i] = min(max(v, np.float32(-INPUT_CLIP)), np.float32(INPUT_CLIP))
+    else:
+        xn = x
     per_set = A if n == 1 else 1  # agents per weight set
     out = np.empty((B, A, w3.shape[2]), np.float32)
     for k in range(n):
