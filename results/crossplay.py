@@ -288,7 +288,6 @@ def main(argv=None) -> int:
         specs = {c: dict(e.groups) for c, e in probe.items()}
         for e in probe.values():
             e.close()
-        teams = split_teams(args.teams, list(specs[False]))
         paths = {(a, s): args.runs / args.env_id / label(a) / f"seed{s}" / "last.pt" for a in algos for s in seeds}
         if missing := [str(p) for p in paths.values() if not p.is_file()]:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -300,6 +299,7 @@ def main(argv=None) -> int:
                 copy_policy(str(path), str(copy))
                 print(f"kept {copy}")
             return 0
+        teams = split_teams(args.teams, list(specs[False]))  # keeping needs none: a three-group task's too
         first = {a: read_checkpoint(str(paths[a, seeds[0]])) for a in algos}
         continuous = {a: bool(ckpt["args"].get("continuous_actions")) for a, ckpt in first.items()}
     except (ValueError, OSError, envs.EnvArgumentError) as e:
