@@ -657,8 +657,9 @@ def test_a_real_sweep_killed_with_kill_9_resumes_from_the_last_periodic_checkpoi
         first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         saved = lambda d=run_dir: sweep_runner.checkpoint_step(d) or 0  # noqa: E731
         gap = lambda d=run_dir, s=saved: s() >= 1000 and (sweep_runner.reached_step(d) or 0) >= s() + 300  # noqa: E731
-        _wait_for(lambda: gap() or first.poll() is not None, "a gap", timeout=300)  # slow under load: give it time
-        if first.poll() is not None:  # the run finished (or died) before a gap showed: try again
+        ended = lambda p=first: p.poll() is not None  # noqa: E731
+        _wait_for(lambda g=gap, e=ended: g() or e(), "a gap", timeout=300)  # slow under load: give it time
+        if ended():  # the run finished (or died) before a gap showed: try again
             continue
         os.kill(int((run_dir / ".lock").read_text()), signal.SIGKILL)
         os.killpg(first.pid, signal.SIGKILL)
