@@ -471,7 +471,8 @@ def resume_line(run: Run) -> str:
     step, reached = checkpoint_step(run.run_dir), reached_step(run.run_dir)
     line = f"resume  {run.name} from step {step:,} of its last.pt" if step is not None else f"resume  {run.name}"
     if step is not None and reached is not None and reached > step:
-        line += f": it had reached step {reached:,}, so the {reached - step:,} steps since that checkpoint are lost"
+        # the log's progress line is throttled, so the run went at least this far: a lower bound on what is lost
+        line += f": it had reached at least step {reached:,}, so {reached - step:,} or more steps since it are lost"
     elif step is not None:
         line += ", where it stopped"
     return line
