@@ -650,25 +650,41 @@ def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_with_its_repla
     assert json.loads((tmp_path / "simple_spread_v3" / "mfq.json").read_text())["seeds"] == [0]
 
 
-def test_a_real_sweep_killed_with_kill_9_resumes_from_the_last_periodic_checkpoint_and_says_what_was_lost(tmp_path):
-    for attempt in range(5):  # the run outpaces its logged progress: a kill can land on a fresh last.pt; try again
-        run_dir = tmp_path / f"try{attempt}" / "runs" / "simple_spread_v3" / "mfq" / "seed1"
-        cmd = _real_sweep(tmp_path / f"try{attempt}", 1, REAL_FLAGS + " --eval-interval 1000")  # last.pt each eval
-        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        saved = lambda d=run_dir: sweep_runner.checkpoint_step(d) or 0  # noqa: E731
-        gap = lambda d=run_dir, s=saved: s() >= 1000 and (sweep_runner.reached_step(d) or 0) >= s() + 300  # noqa: E731
-        ended = lambda p=first: p.poll() is not None  # noqa: E731
-        _wait_for(lambda g=gap, e=ended: g() or e(), "a gap", timeout=300)  # slow under load: give it time
-        if ended():  # the run finished (or died) before a gap showed: try again
-            continue
-        os.kill(int((run_dir / ".lock").read_text()), signal.SIGKILL)
+def _kill_9_at_a_gap(root: Path) -> tuple[list, Path, int, int] | None:
+    """A real sweep killed with kill -9 once its log is 300 steps past its last.pt: (cmd, run dir, last.pt's step,
+    logged step), or None when the run ended first or the kill landed on a fresh last.pt (the run outpaces its log)."""
+    run_dir = root / "runs" / "simple_spread_v3" / "mfq" / "seed1"
+    cmd = _real_sweep(root, 1, REAL_FLAGS + " --eval-interval 1000")  # last.pt each eval
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def saved() -> int:
+        return sweep_runner.checkpoint_step(run_dir) or 0
+
+    def gap() -> bool:
+        return saved() >= 1000 and (sweep_runner.reached_step(run_dir) or 0) >= saved() + 300
+
+    try:
+        _wait_for(lambda: gap() or first.poll() is not None, "a gap", timeout=300)  # slow under load: give it time
+    except AssertionError:  # leave no sweep running behind a failed test
         os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=30)
-        step, reached = saved(), sweep_runner.reached_step(run_dir)
-        if reached > step:
+        raise
+    if first.poll() is not None:
+        return None
+    os.kill(int((run_dir / ".lock").read_text()), signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    step, reached = saved(), sweep_runner.reached_step(run_dir)
+    return (cmd, run_dir, step, reached) if reached > step else None
+
+
+def test_a_real_sweep_killed_with_kill_9_resumes_from_the_last_periodic_checkpoint_and_says_what_was_lost(tmp_path):
+    for attempt in range(5):
+        killed = _kill_9_at_a_gap(tmp_path / f"try{attempt}")
+        if killed is not None:
             break
     else:
         pytest.fail("five tries in a row left no gap between last.pt and the logged step to kill at")
+    cmd, run_dir, step, reached = killed
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lost = f"from step {step:,} of its last.pt: it had reached at least step {reached:,}, so {reached - step:,} or more"
