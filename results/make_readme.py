@@ -265,6 +265,12 @@ def reference_cell(ref: dict, note: int, brief: bool = False) -> str:
     return f"{fmt(ref['mean'])}{std} ({', '.join(d for d in details if d)}) [{note}]"
 
 
+def note_links(directory: Path) -> str:
+    """Links to the pages written by hand beside a task's results (not the generated pages nested here), or ""."""
+    pages = sorted(p.name for p in directory.glob("*.md") if p.name not in NESTED_PAGES)
+    return ", ".join(f"[{directory.name}/{name}]({directory.name}/{name})" for name in pages)
+
+
 def demote_headings(markdown: str, levels: int = 2) -> str:
     """Push every heading (outside code fences) ``levels`` deeper, to nest a file under a section."""
     lines, in_fence = [], False
@@ -662,9 +668,7 @@ def render(
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
-        pages = sorted(p.name for p in (Path(out) / env_id).glob("*.md") if p.name not in NESTED_PAGES)
-        if pages:  # tuning screens and diagnoses written beside the results: linked, not nested
-            links = ", ".join(f"[{env_id}/{name}]({env_id}/{name})" for name in pages)
+        if links := note_links(Path(out) / env_id):  # screens and diagnoses written beside the results: linked
             lines += [f"Notes on {env_id} (protocols, screens and diagnoses beside the rows above): {links}.", ""]
     tournaments = sorted(Path(out).glob("*/tournament.md"))
     if tournaments:  # results/tournament.py: its page, nested, with its heatmap's path from here
@@ -673,6 +677,8 @@ def render(
             env_dir = path.parent.name
             text = path.read_text().strip().replace("](tournament.png)", f"]({env_dir}/tournament.png)")
             lines += [f"From [{env_dir}/tournament.md]({env_dir}/tournament.md):", ""]
+            if links := note_links(path.parent):
+                lines += [f"Who beats whom and how sure, in words, with the protocol: {links}.", ""]
             lines += [demote_headings(text), ""]
     if crossplays:  # results/crossplay.py: every task's teams at a glance, then each page nested
         import crossplay
