@@ -678,7 +678,7 @@ def render(
             text = path.read_text().strip().replace("](tournament.png)", f"]({env_dir}/tournament.png)")
             lines += [f"From [{env_dir}/tournament.md]({env_dir}/tournament.md):", ""]
             if links := note_links(path.parent):
-                lines += [f"Who beats whom and how sure, in words, with the protocol: {links}.", ""]
+                lines += [f"Its reading and protocol, in the notes beside it: {links}.", ""]
             lines += [demote_headings(text), ""]
     if crossplays:  # results/crossplay.py: every task's teams at a glance, then each page nested
         import crossplay

@@ -941,10 +941,10 @@ def test_a_tournament_page_is_nested_in_the_readme_with_its_heatmap(tmp_path):
     text = make_readme.generate(tmp_path).read_text()
     assert "## Tournaments" in text and "### Tournament on battle_v4" in text
     assert "![score matrix](battle_v4/tournament.png)" in text
-    assert "in words" not in text.split("## Tournaments")[1]  # no notes beside it: nothing to point to
+    assert "in the notes beside it" not in text.split("## Tournaments")[1]  # no notes beside it: nothing to link
     (tmp_path / "battle_v4" / "protocol.md").write_text("# who beats whom\n")
     nested = make_readme.generate(tmp_path).read_text().split("## Tournaments")[1]
-    assert "in words, with the protocol: [battle_v4/protocol.md](battle_v4/protocol.md)." in nested
+    assert "in the notes beside it: [battle_v4/protocol.md](battle_v4/protocol.md)." in nested
 
 
 def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budget_matrix_rows_first(tmp_path):
