@@ -19,10 +19,13 @@ and how sure we are.
   Per script, pooled over its seeds: the score against each other script and the Bradley-Terry rating, each with a
   95% interval from a bootstrap over seeds (every script's seeds resampled with replacement, 2,000 times), which
   carries the spread between seeds that a Wilson interval over the pooled battles would hide. Per player (a seed
-  pair's battles): the score with its 95% Wilson interval and the rating.
+  pair's battles): the score with its 95% Wilson interval and the rating. Seed by seed, per two scripts: how many
+  seed pairs each script's seed wins, how many are level, how many go against the scripts' pooled score (the odds
+  that a one-seed-each comparison names the other winner), and which side won the battles.
 * Output in `--out` (default results/<env>/): tournament.json (every pair's outcomes, the command, the commit, each
-  checkpoint's sha256), tournament.md: the tables above, wins / draws / losses and mean kills per battle (ratings on
-  the Elo scale, random = 0 when it plays); and tournament.png, the two score matrices as heatmaps.
+  checkpoint's sha256, each launch's seconds and pairs played), tournament.md: the tables above, wins / draws /
+  losses and mean kills per battle (ratings on the Elo scale, random = 0 when it plays); and tournament.png, the two
+  score matrices as heatmaps.
 * `--keep DIR` copies every checkpoint player to `DIR/<player name>/last.pt` (weights and flags; the optimizer
   states, which no player needs, are dropped) and exits: run directories are not kept, and a tournament played from
   `--runs DIR/*/*` can be played again, and joined by new players, from the copies.
@@ -57,6 +60,8 @@ RESULTS_DIR = Path(__file__).resolve().parent
 RANDOM = "random"
 PARTIAL = "tournament.partial.jsonl"
 BOOTSTRAP = 2000  # resamples of the seeds for the script-level intervals
+LEVEL = 0.03  # a seed pair scoring within 0.5 +- LEVEL is level: neither seed wins it
+ONE_SIDED = 0.9  # a player winning over this share of its battles on the first side "wins as red"
 
 
 def source_group(ckpt: dict, side: str, fixed: str | None, path: str) -> str:
@@ -220,7 +225,7 @@ def main(argv=None):
     settings = dict(env_id=args.env_id, battles=args.battles, seed=args.seed, backend=args.backend, env_kwargs=kwargs,
                     sample=args.sample, sample_scripts=sampled)  # fmt: skip
     keys = {(a, b): pair_key(settings, players[a], players[b], digests[a], digests[b]) for a in names for b in names}
-    outcomes = reusable(out, keys)
+    outcomes, earlier = reusable(out, keys), launches(out, keys)
     todo = [(a, b) for a in names for b in names if a != b and f"{a} vs {b}" not in outcomes]
     if outcomes:
         print(f"{len(outcomes)} pairs reused from {out} (same checkpoints and settings), {len(todo)} to play")
@@ -242,6 +247,7 @@ def main(argv=None):
                   scripts=scripts, sha256=digests, battles=args.battles, seed=args.seed, env_kwargs=kwargs,
                   backend=args.backend, sample=args.sample, sampling=args.samples,
                   command=command, seconds=round(time.time() - start, 1),
+                  launches=earlier + [dict(commit=commit(), seconds=round(time.time() - start, 1), pairs=len(todo))],
                   pair_keys={f"{a} vs {b}": keys[a, b] for a in names for b in names if a != b}, outcomes=outcomes,
                   columns=[f"{g} {k}" for k in ("alive", "kills", "return") for g in sides])  # fmt: skip
     (out / "tournament.json").write_text(json.dumps(record) + "\n")
@@ -299,6 +305,21 @@ def reusable(out: Path, keys: dict) -> dict:
     except OSError:
         pass
     return found
+
+
+def launches(out: Path, keys: dict) -> list[dict]:
+    """What the earlier launches that played this tournament's reused pairs cost (commit, seconds, pairs played), from
+    out/tournament.json when it shares a pair with this one: a tournament played over several launches, or launched
+    again to write its tables anew, keeps every launch's cost (a record from before this list was kept: one launch,
+    its pairs unknown)."""
+    try:
+        earlier = json.loads((out / "tournament.json").read_text())
+    except (OSError, ValueError):
+        return []
+    wanted = {f"{a} vs {b}": key for (a, b), key in keys.items() if a != b}
+    if not any(wanted.get(pair) == key for pair, key in earlier.get("pair_keys", {}).items()):
+        return []
+    return earlier.get("launches") or [dict(commit=earlier.get("commit"), seconds=earlier.get("seconds"), pairs=None)]
 
 
 def play_pair(task: dict, a: str, b: str) -> tuple[tuple[str, str], list]:
@@ -458,6 +479,7 @@ def tables(names, sides, outcomes, args, scripts=None) -> str:
     _, _, order, members = script_scores(names, outcomes, scripts)
     if len(order) < n:
         lines += script_tables(score, wins, draws, played, kills, order, members)
+        lines += seed_pair_tables(names, sides, outcomes, scripts)
     elo = elo_of(score, names)
     lines += [f"Per player: {args.battles} battles per ordered pair ({sides[0]} first), both sides pooled: the row "
               f"player's score (wins + draws / 2) against the column player, with its 95% Wilson interval.", "",
@@ -506,6 +528,55 @@ def script_tables(score, wins, draws, played, kills, order, members) -> list[str
                      f"{s[i].sum() / n:.3f} | {int(won)} / {int(drawn)} / {int(n - won - drawn)} | "
                      f"{k[i].sum() / n:.2f} |")  # fmt: skip
     return lines + [""]
+
+
+def seed_pair_tables(names, sides, outcomes, scripts) -> list[str]:
+    """Seed by seed, for every two learning scripts (random left out): how many of their seed pairs each script's
+    seed wins (score beyond 0.5 +- LEVEL), how many are level, how many go against the pooled score, and the kills a
+    battle; then which side won the battles between learning players, and in how many seed pairs each player wins
+    its battles on the first side: a one-seed-each comparison's odds, and what the side swap is for."""
+    learners = [n for n in names if n != RANDOM]
+    score, _, _, played = scores(learners, outcomes)
+    kills = kill_matrix(learners, outcomes)
+    order = list(dict.fromkeys(scripts[n] for n in learners))
+    members = [[i for i, n in enumerate(learners) if scripts[n] == s] for s in order]
+    lines = [f"Seed by seed, learning scripts only: a seed pair is won by a seed scoring above {0.5 + LEVEL:.2f} "
+             f"against the other, level within 0.5 +- {LEVEL}; \"against\" counts the seed pairs won by the seed of "
+             "the script that loses the pooled score (its score beyond 0.5 +- the same margin).", "",
+             "| row script | column script | pooled score | seed pairs | row seed wins / level / column seed wins | "
+             "against | kills a battle (row : column) |", "|---|---|---:|---:|---|---:|---|"]  # fmt: skip
+    total = against_all = level_all = 0
+    for a in range(len(order)):
+        for b in range(a + 1, len(order)):
+            pairs = [(i, j) for i in members[a] for j in members[b]]
+            rates = np.array([score[i, j] / played[i, j] for i, j in pairs])
+            won, lost = int((rates > 0.5 + LEVEL).sum()), int((rates < 0.5 - LEVEL).sum())
+            level = len(pairs) - won - lost
+            n = sum(played[i, j] for i, j in pairs)
+            pooled_rate = sum(score[i, j] for i, j in pairs) / n
+            against = lost if pooled_rate > 0.5 + LEVEL else won if pooled_rate < 0.5 - LEVEL else 0
+            row_kills, column_kills = (sum(kills[i, j] for i, j in pairs) / n, sum(kills[j, i] for i, j in pairs) / n)
+            total, against_all, level_all = total + len(pairs), against_all + against, level_all + level
+            lines.append(f"| {order[a]} | {order[b]} | {pooled_rate:.2f} | {len(pairs)} | {won} / {level} / {lost} | "
+                         f"{against} | {row_kills:.1f} : {column_kills:.1f} |")  # fmt: skip
+
+    def first_side(a, b):  # each battle of a (first side) against b: did the first side win, did it lose
+        r = np.asarray(outcomes[f"{a} vs {b}"], float)
+        return r[:, 0] > r[:, 1], r[:, 0] < r[:, 1]
+
+    decided = [first_side(a, b) for a in learners for b in learners if a != b]
+    red, blue = (np.concatenate([d[k] for d in decided]).mean() for k in (0, 1))
+    meetings = [(a, b) for x, a in enumerate(learners) for b in learners[x + 1 :]]
+    one_sided = sum(min(first_side(a, b)[0].mean(), first_side(b, a)[0].mean()) > ONE_SIDED for a, b in meetings)
+    return lines + [
+        "",
+        f"Of the {total} seed pairs between two learning scripts, {against_all} go against their "
+        f"scripts' pooled score and {level_all} are level. Sides, over every battle between two learning "
+        f"players: {sides[0]} (first) won {red:.1%}, {sides[1]} {blue:.1%}, drawn {1 - red - blue:.1%}; "
+        f"in {one_sided} of the {len(meetings)} seed pairs of learning players (one script's seeds among "
+        f"themselves included) each player wins over {ONE_SIDED:.0%} of its battles as {sides[0]}.",
+        "",
+    ]
 
 
 if __name__ == "__main__":

@@ -264,6 +264,21 @@ def test_tournament_pools_a_scripts_seeds_and_its_interval_carries_their_spread(
     assert elo_ci[0, 0] < 0 < elo_ci[1, 0]
     md = tournament.tables(names, ["red", "blue"], outcomes, argparse.Namespace(battles=50), scripts)
     assert "| **A** | — | 0.50 [0.00, 1.00] |" in md and "| A | 2 | +0 [" in md and "| **a1** | — |" in md
+    assert "| A | B | 0.50 | 2 | 1 / 0 / 1 | 0 | 1.5 : 1.5 |" in md  # one seed pair each way, pooled level
+    assert "red (first) won 66.7%, blue 33.3%, drawn 0.0%; in 1 of the 3 seed pairs" in md  # a1, a2: each wins red
+
+
+def test_seed_pairs_count_the_ones_against_the_pooled_score_and_leave_random_out():
+    # script A: seeds a1 and a2 beat b in every battle, a3 loses every one: pooled 2/3, one seed pair against it
+    won, lost = [[3, 0, 3, 0, 0, 0]] * 10, [[0, 3, 0, 3, 0, 0]] * 10
+    drawn = [[1, 1, 0, 0, 0, 0]] * 10
+    names, scripts = ["a1", "a2", "a3", "b", "random"], {"a1": "A", "a2": "A", "a3": "A", "b": "B", "random": "random"}
+    outcomes = {f"{x} vs {y}": drawn for x in names for y in names if x != y}
+    outcomes |= {"a1 vs b": won, "b vs a1": lost, "a2 vs b": won, "b vs a2": lost, "a3 vs b": lost, "b vs a3": won}
+    md = "\n".join(tournament.seed_pair_tables(names, ["red", "blue"], outcomes, scripts))
+    assert "| A | B | 0.67 | 3 | 2 / 0 / 1 | 1 |" in md and "| A | random |" not in md and "| B | random |" not in md
+    assert "Of the 3 seed pairs between two learning scripts, 1 go against their scripts' pooled score and 0 are" in md
+    assert "drawn 50.0%; in 0 of the 6 seed pairs" in md  # the 12 ordered pairs of a1-a3 and b: 6 decided, 6 drawn
 
 
 def test_a_tournament_launched_again_reuses_its_pairs_and_plays_only_a_new_players(checkpoints, tmp_path, capsys,
@@ -291,6 +306,13 @@ def test_a_tournament_launched_again_reuses_its_pairs_and_plays_only_a_new_playe
     assert second["outcomes"]["m vs random"] == first["outcomes"]["m vs random"]
     assert second["outcomes"]["o vs random"] == rows
     assert second["scripts"] == {"m": "mappo", "o": "mappo", "random": "random"}
+    assert [launch["pairs"] for launch in second["launches"]] == [2, 3]  # the first launch's cost kept
+    assert tournament.main([str(f) for f in [*flags, "--player", f"o={other}", "--random"]]) == 0  # tables anew
+    assert [launch["pairs"] for launch in json.loads((tmp_path / "tournament.json").read_text())["launches"]] == [
+        2,
+        3,
+        0,
+    ]
 
 
 def test_a_kept_policy_plays_as_its_checkpoint(checkpoints, tmp_path, capsys):
