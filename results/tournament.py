@@ -225,7 +225,7 @@ def main(argv=None):
     settings = dict(env_id=args.env_id, battles=args.battles, seed=args.seed, backend=args.backend, env_kwargs=kwargs,
                     sample=args.sample, sample_scripts=sampled)  # fmt: skip
     keys = {(a, b): pair_key(settings, players[a], players[b], digests[a], digests[b]) for a in names for b in names}
-    outcomes, earlier = reusable(out, keys), launches(out, keys)
+    outcomes, earlier = reusable(out, keys)
     todo = [(a, b) for a in names for b in names if a != b and f"{a} vs {b}" not in outcomes]
     if outcomes:
         print(f"{len(outcomes)} pairs reused from {out} (same checkpoints and settings), {len(todo)} to play")
@@ -241,13 +241,13 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     outcomes = {f"{a} vs {b}": outcomes[f"{a} vs {b}"] for a in names for b in names if a != b}  # in order
-    report = tables(names, sides, outcomes, args, scripts)
+    report, seconds = tables(names, sides, outcomes, args, scripts), round(time.time() - start, 1)
     command = "python results/tournament.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     record = dict(env_id=args.env_id, commit=commit(), sides=sides, players={k: v[0] for k, v in players.items()},
                   scripts=scripts, sha256=digests, battles=args.battles, seed=args.seed, env_kwargs=kwargs,
                   backend=args.backend, sample=args.sample, sampling=args.samples,
-                  command=command, seconds=round(time.time() - start, 1),
-                  launches=earlier + [dict(commit=commit(), seconds=round(time.time() - start, 1), pairs=len(todo))],
+                  command=command, seconds=seconds,
+                  launches=earlier + [dict(commit=commit(), seconds=seconds, pairs=len(todo))],
                   pair_keys={f"{a} vs {b}": keys[a, b] for a in names for b in names if a != b}, outcomes=outcomes,
                   columns=[f"{g} {k}" for k in ("alive", "kills", "return") for g in sides])  # fmt: skip
     (out / "tournament.json").write_text(json.dumps(record) + "\n")
@@ -283,15 +283,21 @@ def pair_key(settings: dict, a: tuple, b: tuple, digest_a: str | None, digest_b:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def reusable(out: Path, keys: dict) -> dict:
-    """Outcomes already played with the same key: in an earlier tournament.json and in the partial file."""
+def reusable(out: Path, keys: dict) -> tuple[dict, list[dict]]:
+    """Outcomes already played with the same key, in an earlier tournament.json and in the partial file; and the
+    launches that played the earlier tournament.json when it shares a pair with this one (commit, seconds, pairs), so
+    that a tournament played over several launches, or launched again to write its tables anew, keeps every launch's
+    cost (a record from before this list was kept: one launch, its pairs unknown)."""
     wanted = {f"{a} vs {b}": key for (a, b), key in keys.items() if a != b}
-    found = {}
+    found, launched = {}, []
     try:
         earlier = json.loads((out / "tournament.json").read_text())
         for pair, key in earlier.get("pair_keys", {}).items():
             if wanted.get(pair) == key:
                 found[pair] = earlier["outcomes"][pair]
+        if found:
+            old = dict(commit=earlier.get("commit"), seconds=earlier.get("seconds"), pairs=None)
+            launched = earlier.get("launches") or [old]
     except (OSError, ValueError, KeyError):
         pass
     try:
@@ -304,22 +310,7 @@ def reusable(out: Path, keys: dict) -> dict:
                 found[entry["pair"]] = entry["rows"]
     except OSError:
         pass
-    return found
-
-
-def launches(out: Path, keys: dict) -> list[dict]:
-    """What the earlier launches that played this tournament's reused pairs cost (commit, seconds, pairs played), from
-    out/tournament.json when it shares a pair with this one: a tournament played over several launches, or launched
-    again to write its tables anew, keeps every launch's cost (a record from before this list was kept: one launch,
-    its pairs unknown)."""
-    try:
-        earlier = json.loads((out / "tournament.json").read_text())
-    except (OSError, ValueError):
-        return []
-    wanted = {f"{a} vs {b}": key for (a, b), key in keys.items() if a != b}
-    if not any(wanted.get(pair) == key for pair, key in earlier.get("pair_keys", {}).items()):
-        return []
-    return earlier.get("launches") or [dict(commit=earlier.get("commit"), seconds=earlier.get("seconds"), pairs=None)]
+    return found, launched
 
 
 def play_pair(task: dict, a: str, b: str) -> tuple[tuple[str, str], list]:
@@ -536,10 +527,8 @@ def seed_pair_tables(names, sides, outcomes, scripts) -> list[str]:
     battle; then which side won the battles between learning players, and in how many seed pairs each player wins
     its battles on the first side: a one-seed-each comparison's odds, and what the side swap is for."""
     learners = [n for n in names if n != RANDOM]
-    score, _, _, played = scores(learners, outcomes)
+    score, played, order, members = script_scores(learners, outcomes, scripts)
     kills = kill_matrix(learners, outcomes)
-    order = list(dict.fromkeys(scripts[n] for n in learners))
-    members = [[i for i, n in enumerate(learners) if scripts[n] == s] for s in order]
     lines = [f"Seed by seed, learning scripts only: a seed pair is won by a seed scoring above {0.5 + LEVEL:.2f} "
              f"against the other, level within 0.5 +- {LEVEL}; \"against\" counts the seed pairs won by the seed of "
              "the script that loses the pooled score (its score beyond 0.5 +- the same margin).", "",
