@@ -240,13 +240,17 @@ def main(args):
         g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
         for g in learners
     }
-    obs, hidden = env.reset(), initial_hidden(comas, args, args.num_envs, device)
-    starts = np.ones(args.num_envs, bool)
     last_actions = {g: np.full((args.num_envs, spec.n_agents), spec.action_dim) for g, spec in env.groups.items()}
+    hidden, starts = initial_hidden(comas, args, args.num_envs, device), np.ones(args.num_envs, bool)
+    # what the loop carries (--resume: from last.pt, with the env's state; the next step's actions, chosen already)
+    obs, hidden, starts, last_actions, actions, stored_hidden = run.begin(
+        env.reset(), hidden=hidden, starts=starts, last_actions=last_actions, actions=None, stored_hidden=None
+    )
     unset = {g: np.zeros((args.num_envs, spec.n_agents), np.float32) for g, spec in env.groups.items()}  # values
     epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
-    stored_hidden = {g: None if h is None else h.cpu().numpy() for g, h in hidden.items()}
-    actions = act(comas, obs, hidden, epsilon, device)  # the first step's actions
+    if actions is None:  # the first step's actions
+        stored_hidden = {g: None if h is None else h.cpu().numpy() for g, h in hidden.items()}
+        actions = act(comas, obs, hidden, epsilon, device)
     with run:
         for iteration in range(start, args.num_iterations + 1):
             for _ in range(args.num_steps):
@@ -322,7 +326,8 @@ def main(args):
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
             writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
-            run.step(global_step, iteration=iteration)
+            carried = dict(hidden=hidden, starts=starts, last_actions=last_actions, actions=actions)
+            run.step(global_step, loop=carried | {"stored_hidden": stored_hidden}, iteration=iteration)
     run.finish()
     env.close()
 

@@ -244,8 +244,8 @@ def main(args):
     )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     rb = RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(specs, net.n_agents, args))
-    obs, starts = env.reset(), np.ones(args.num_envs, bool)
     h = torch.zeros(args.num_envs, net.n_agents, args.hidden_size, device=device)
+    obs, starts, h = run.begin(env.reset(), starts=np.ones(args.num_envs, bool), h=h)  # --resume: last.pt's, env's
     with run:
         for iteration in range(start, args.num_iterations + 1):
             lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
@@ -288,7 +288,7 @@ def main(args):
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
             writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
             writer.add_scalar("charts/learning_rate", lr, global_step)
-            run.step(global_step, iteration=iteration)
+            run.step(global_step, loop=dict(starts=starts, h=h), iteration=iteration)
     run.finish()
     env.close()
 

@@ -207,8 +207,7 @@ def main(args):
     run = Run(args, ALGO, env, nets, optimizers, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step, num_updates = run.writer, run.global_step, run.counters.get("num_updates", 0)
     learning_starts = max(min(args.learning_starts, rb.capacity), args.batch_size)
-    losses = {}
-    obs = env.reset()
+    obs, losses = run.begin(env.reset(), losses={})  # what the loop carries (--resume: from last.pt, with the env)
     with run:
         while global_step < args.total_timesteps:
             # ACT: uniformly random until --learning-starts, then mu(o) plus exploration noise
@@ -242,7 +241,7 @@ def main(args):
                     writer.add_scalar(f"losses/{k}", v.item(), global_step)
                 if losses and args.prioritized:
                     writer.add_scalar("charts/beta", beta, global_step)
-            run.step(global_step, num_updates=num_updates)  # EVAL, checkpoints, and where Ctrl-C stops the run
+            run.step(global_step, loop=dict(losses=losses), num_updates=num_updates)  # EVAL, checkpoints, Ctrl-C
     run.finish()
     env.close()
 

@@ -295,9 +295,11 @@ def main(args):
         g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(env.groups[g], env.state_shape, args))
         for g in learners
     }
-    obs, starts = env.reset(), np.ones(args.num_envs, bool)
     h_actor = initial_hidden(policies, args, args.num_envs, device)  # --rnn: group -> (E, A, H), else None
     h_critic = initial_hidden(policies, args, args.num_envs, device)
+    obs, starts, h_actor, h_critic = run.begin(  # what the loop carries (--resume: from last.pt, with the env)
+        env.reset(), starts=np.ones(args.num_envs, bool), h_actor=h_actor, h_critic=h_critic
+    )
     with run:
         for iteration in range(start, args.num_iterations + 1):
             lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
@@ -369,7 +371,7 @@ def main(args):
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
             writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
             writer.add_scalar("charts/learning_rate", lr, global_step)
-            run.step(global_step, iteration=iteration)
+            run.step(global_step, loop=dict(starts=starts, h_actor=h_actor, h_critic=h_critic), iteration=iteration)
     run.finish()
     env.close()
 

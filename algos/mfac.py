@@ -194,8 +194,8 @@ def main(args):
     )
     writer, global_step, start = run.writer, run.global_step, run.counters.get("iteration", 0) + 1
     buffers = {g: RolloutBuffer(args.num_steps, args.num_envs, rollout_fields(spec)) for g, spec in specs.items()}
-    obs = env.reset()
     last_means = {g: np.zeros((args.num_envs, s.n_agents, s.action_dim), np.float32) for g, s in specs.items()}
+    obs, last_means = run.begin(env.reset(), last_means=last_means)  # --resume: from last.pt, with the env
     with run:
         for iteration in range(start, args.num_iterations + 1):
             for _ in range(args.num_steps):
@@ -248,7 +248,7 @@ def main(args):
 
             # LOG, then EVAL and checkpoints (run.step: also where Ctrl-C stops the run, between two updates)
             writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
-            run.step(global_step, iteration=iteration)
+            run.step(global_step, loop=dict(last_means=last_means), iteration=iteration)
     run.finish()
     env.close()
 

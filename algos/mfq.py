@@ -207,8 +207,10 @@ def main(args):
     run = Run(args, ALGO, env, nets, {"mfq": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
-    losses, pending = {}, None
-    obs, means = env.reset(), zero_means(specs, args.num_envs)
+    # what the loop carries from step to step: --resume takes it back from last.pt, with the env's state
+    obs, means, pending, losses = run.begin(
+        env.reset(), means=zero_means(specs, args.num_envs), pending=None, losses={}
+    )
     with run:
         while global_step < args.total_timesteps:
             # ACT: Boltzmann on Q(o, ., the previous step's mean action); the mean of these actions follows
@@ -246,7 +248,7 @@ def main(args):
                     writer.add_scalar(f"losses/{k}", v, global_step)
                 writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
                 writer.add_scalar("charts/temperature", temperature, global_step)
-            run.step(global_step)  # EVAL, checkpoints, and where Ctrl-C stops the run
+            run.step(global_step, loop=dict(means=means, pending=pending, losses=losses))  # EVAL, checkpoints, Ctrl-C
     run.finish()
     env.close()
 

@@ -260,11 +260,10 @@ def main(args):
     run = Run(args, ALGO, env, nets, {"wqmix": optimizer}, rng, make_greedy, network_flags=NETWORK_FLAGS, replay=rb)
     writer, global_step = run.writer, run.global_step
     train_start = global_step + (0 if run.replay_restored else args.learning_starts)  # else the buffer refills
-    losses = {}
-    obs = env.reset()
     hidden = {
         g: torch.zeros(1, args.num_envs, spec.n_agents, args.hidden_size, device=device) for g, spec in specs.items()
     }
+    obs, hidden, losses = run.begin(env.reset(), hidden=hidden, losses={})  # --resume: from last.pt, with the env
     with run:
         while global_step < args.total_timesteps:
             # ACT: epsilon-greedy on each agent's own utility, from its GRU state
@@ -302,7 +301,7 @@ def main(args):
                 writer.add_scalar("charts/SPS", run.sps(global_step), global_step)
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 writer.add_scalar("charts/epsilon", epsilon, global_step)
-            run.step(global_step)  # EVAL, checkpoints, and where Ctrl-C stops the run
+            run.step(global_step, loop=dict(hidden=hidden, losses=losses))  # EVAL, checkpoints, and Ctrl-C
     run.finish()
     env.close()
 

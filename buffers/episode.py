@@ -191,8 +191,9 @@ class EpisodeReplayBuffer(Snapshot):
         batch["indices"] = indices
         return batch
 
-    def _state(self):  # for Snapshot.save / load: the stored episodes (running ones are dropped)
-        arrays = dict(self.data) | {"_lengths": self.lengths}
+    def _state(self):  # for Snapshot.save / load: the stored episodes and the running ones
+        arrays = dict(self.data) | {"_lengths": self.lengths, "_running_steps": self.t}
+        arrays |= {f"_running_{name}": arr for name, arr in self.staging.items()}
         meta = {"pos": self.pos, "size": self.size}
         if self.priorities is not None:
             arrays["_priorities"], meta["max_priority"] = self.priorities.state()
@@ -204,6 +205,11 @@ class EpisodeReplayBuffer(Snapshot):
     def _check_state(self, path, arrays, meta):
         lengths, size = arrays["_lengths"], meta["size"]
         stored = lengths[:size]  # a finished episode has 1..max_len steps; the empty slots 0
+        if not 0 <= arrays["_running_steps"].min() <= arrays["_running_steps"].max() <= self.max_len:
+            raise BufferInputError(
+                f"{path}: the running episodes' steps lie outside 0..max_len={self.max_len}: the file was altered "
+                "or not written by save() of a buffer with this max_len"
+            )
         if (size and not 1 <= stored.min() <= stored.max() <= self.max_len) or lengths[size:].any():
             raise BufferInputError(
                 f"{path}: the episode lengths lie in [{lengths.min()}, {lengths.max()}], expected 1..max_len="
@@ -218,11 +224,17 @@ class EpisodeReplayBuffer(Snapshot):
             arr[...] = arrays[name]
         self.lengths[:] = arrays["_lengths"]
         self.pos, self.size = int(meta["pos"]), int(meta["size"])
-        for arr in self.staging.values():  # the envs restart with fresh episodes
-            arr[...] = 0
-        self.t[:] = 0
+        for name, arr in self.staging.items():
+            arr[...] = arrays[f"_running_{name}"]
+        self.t[:] = arrays["_running_steps"]
         if self.priorities is not None:
             self.priorities.restore(arrays["_priorities"], self.size, meta["max_priority"])
+
+    def drop_running(self):
+        """Forget the running episodes (their envs start new ones: a resume on envs that do not save their state)."""
+        for arr in self.staging.values():
+            arr[...] = 0
+        self.t[:] = 0
 
     def update_priorities(self, indices, priorities):
         """Per-episode priorities (e.g. mean |TD error| over the episode's filled steps)."""

@@ -96,6 +96,10 @@ class VecEnv:
                                         for continuous ones; actions of dead agents are ignored
     render(env_index=0) -> (H, W, 3) uint8 frame of one env
     close()
+
+    Optional (the Numba MPE has them; runtime.run saves them in last.pt, so a resume is exact):
+    get_state()      -> dict of numpy arrays: everything the next steps depend on, random streams included
+    set_state(state) -> Observation     put it back into an env of the same id, flags and num_envs
     """
 
     groups: dict[str, GroupSpec]

@@ -100,6 +100,9 @@ class WithRelations(VecEnv):
     def reset(self, seed: int | None = None) -> Observation:
         return self.extend(self.env.reset(seed))
 
+    def set_state(self, state) -> Observation:  # get_state is the env's own: the relations are computed
+        return self.extend(self.env.set_state(state))
+
     def step(self, actions) -> StepResult:
         step = self.env.step(actions)
         after = self.extend(step.next)  # no env finished: `final` is `next` (the backends hand back one object)

@@ -100,6 +100,7 @@ def copy_policy(path: str, copy: str) -> None:
     (results/tournament.py and results/crossplay.py keep final policies this way, a fraction of the run's files)."""
     ckpt = read_checkpoint(path)
     ckpt["optimizers"] = {}
+    ckpt.pop("env_state", None), ckpt.pop("loop", None)  # where the run stood: no player needs it
     os.makedirs(os.path.dirname(os.path.abspath(copy)), exist_ok=True)
     save_checkpoint(copy, ckpt)
 
@@ -182,6 +183,31 @@ def restore(ckpt: dict, path: str, nets: dict, optimizers: dict | None = None, r
 def sub_state(state_dict: dict, prefix: str) -> dict:
     """The entries of `state_dict` under `prefix` (e.g. "agents.red."), with the prefix removed: one submodule's."""
     return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+def pack(tree):
+    """`tree` (nested dicts, lists, tuples of numpy arrays, tensors, numbers, None) in types `torch.load(...,
+    weights_only=True)` reads: each numpy array becomes {"ndarray": tensor}. `unpack` inverts it."""
+    if isinstance(tree, np.ndarray):
+        return {"ndarray": torch.from_numpy(tree.copy())}
+    if isinstance(tree, np.generic):
+        return tree.item()
+    if isinstance(tree, dict):
+        return {k: pack(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(pack(v) for v in tree)
+    return tree
+
+
+def unpack(tree, device=None):
+    """`pack`'s inverse; tensors go to `device` when given."""
+    if isinstance(tree, dict):
+        if tree.keys() == {"ndarray"} and torch.is_tensor(tree["ndarray"]):
+            return tree["ndarray"].numpy()
+        return {k: unpack(v, device) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(unpack(v, device) for v in tree)
+    return tree.to(device) if device is not None and torch.is_tensor(tree) else tree
 
 
 def rng_state(rng: np.random.Generator) -> dict:

@@ -7,6 +7,11 @@
 * Ctrl-C and SIGTERM do not raise inside the script: they set a flag, and the next `run.step(...)` (a point where
   the script's state is consistent, e.g. between two updates) writes last.pt and stops with exit code 130. Further
   signals during the save wait for it (they are blocked while the file is written).
+* A resume is exact where it can be: on an env that saves its state (`get_state`/`set_state`: the Numba MPE), a
+  script that hands `run.step` its loop's state (`loop=`: what it carries from one step to the next besides the obs)
+  and takes it back from `run.begin` steps on from its last.pt as if it had never stopped: same episodes, same
+  transitions, same losses (with the replay buffer of a stop, the layer's RNG, weights and optimizers). Elsewhere
+  the envs start new episodes at the resume, and the run says so.
 * --self-play: every --self-play-interval env steps the learner's policy is written to `pool/step_<N>.pt` and the
   self-play group draws its next opponent from the last --self-play-pool of them (a resumed run reloads the pool).
 * A non-finite loss stops the run (the script raises FloatingPointError) without writing: last.pt keeps the last
@@ -29,7 +34,7 @@ from tqdm import tqdm
 
 from runtime.args import env_signature
 from runtime.args import make_eval_env as standard_eval_env
-from runtime.checkpoint import flag, load_checkpoint, restore, rng_state, save_checkpoint
+from runtime.checkpoint import flag, load_checkpoint, pack, restore, rng_state, save_checkpoint, unpack
 from runtime.checks import CheckpointPlayed, RunStopped
 from runtime.evaluation import FINAL_SEED, add_video, evaluate, evaluate_checkpoint, periodic_seed, record
 from runtime.opponents import load_actor, self_play_source
@@ -81,6 +86,7 @@ class Run:
         self.signature = env_signature(env)
         self.global_step, self.evals, self.best_eval, self.counters = 0, 0, -np.inf, {}
         self.last_eval, self.last_eval_step, self.stop_signal = float("nan"), -1, None
+        self.loop = self.resumed_loop = None
         self.lock = self.bar = self.writer = None
 
         def request_stop(signum, frame):  # honoured at the next run.step(), where the script's state is consistent
@@ -117,6 +123,7 @@ class Run:
             if changed:
                 print("resumed with other flags: " + ", ".join(f"{flag(k)} {v}" for k, v in changed.items()))
             self.restore_replay(ckpt)
+            self.restore_loop(ckpt)
         else:
             self.dir = args.run_dir or f"runs/{args.env_id}__{algo}__{args.seed}__{int(time.time())}"
             os.makedirs(self.dir, exist_ok=True)
@@ -150,6 +157,22 @@ class Run:
             json.dump(self.config() | {"env_class": type(env).__name__}, f, indent=2)
 
     # --- the loop's side ---
+    def begin(self, obs, **loop):
+        """Where the loop starts: `(obs, *loop.values())` as given, or on --resume the env's state and the loop's
+        (each `loop` name, as `step(loop=...)` last saved it) at the step last.pt holds."""
+        if self.resumed_loop is None:
+            return (obs, *loop.values())
+        device = torch.device("cuda" if getattr(self.args, "cuda", False) else "cpu")  # hidden states, losses
+        env_state, saved = unpack(self.resumed_loop[0]), unpack(self.resumed_loop[1], device)
+        if saved.keys() != loop.keys():
+            raise ValueError(f"{self.dir}/last.pt holds the loop state {sorted(saved)}, and this script carries "
+                             f"{sorted(loop)}: resume it with the version of the script that wrote it")  # fmt: skip
+        return (self.env.set_state(env_state), *saved.values())
+
+    def saves_env(self):
+        """The env's `get_state`, or None where it has none (a FrozenEnv's actors, PettingZoo, Gymnasium)."""
+        return getattr(self.env, "get_state", None)
+
     def __enter__(self):
         return self
 
@@ -162,13 +185,14 @@ class Run:
             self.close()
         return False
 
-    def step(self, global_step: int, **counters) -> None:
+    def step(self, global_step: int, loop: dict | None = None, **counters) -> None:
         """After each iteration (or env step) of the loop: progress, evaluation, periodic last.pt, stop requests.
 
         `counters` are the script's own counters (e.g. iteration=...), saved in checkpoints and restored by
-        --resume into `run.counters`.
+        --resume into `run.counters`. `loop`: what the loop carries to its next step besides the observations
+        (arrays, tensors, numbers), saved with the env's state in every last.pt and given back by `start`.
         """
-        self.global_step, self.counters = global_step, counters
+        self.global_step, self.counters, self.loop = global_step, counters, loop
         self.bar.update(global_step - self.bar.n)
         if getattr(self.args, "self_play", None) and global_step >= self.next_snapshot:
             self.next_snapshot = (global_step // self.args.self_play_interval + 1) * self.args.self_play_interval
@@ -207,11 +231,14 @@ class Run:
 
     # --- checkpoints and evaluation ---
     def checkpoint(self) -> dict:
-        return dict(algo=self.algo, env_id=self.args.env_id, signature=self.signature, args=self.config(),
+        ckpt = dict(algo=self.algo, env_id=self.args.env_id, signature=self.signature, args=self.config(),
                     global_step=self.global_step, evals=self.evals, best_eval=float(self.best_eval),
                     counters=self.counters, nets={k: m.state_dict() for k, m in self.nets.items()},
                     optimizers={k: o.state_dict() for k, o in self.optimizers.items()},
                     rng=rng_state(self.rng))  # fmt: skip
+        if self.loop is not None and (get_state := self.saves_env()) is not None:
+            ckpt |= {"env_state": pack(get_state()), "loop": pack(self.loop)}
+        return ckpt
 
     def save(self, name: str, **extra) -> None:
         save_checkpoint(os.path.join(self.dir, name), self.checkpoint() | extra)
@@ -265,6 +292,21 @@ class Run:
         self.replay_restored = True
         unit = "episodes" if "Episode" in type(self.replay).__name__ else "transitions"
         print(f"resumed with the {len(self.replay)} {unit} of {path}")
+
+    def restore_loop(self, ckpt: dict) -> None:
+        """Keep last.pt's env and loop state for `begin` when everything else it stood on came back too; else the
+        envs start new episodes (an episode buffer drops its running ones), and the run says so."""
+        whole = self.replay is None or self.replay_restored  # a kill -9 since the stop: the buffer refills
+        if "loop" in ckpt and self.saves_env() is not None and whole:
+            self.resumed_loop = (ckpt["env_state"], ckpt["loop"])
+        elif self.global_step > 0:
+            if hasattr(self.replay, "drop_running"):  # an episode buffer's running episodes end here
+                self.replay.drop_running()
+            why = (f"this env ({type(self.env).__name__}) does not save its state" if self.saves_env() is None else
+                   "the replay buffer refills" if "loop" in ckpt else
+                   f"{self.algo}.py does not hand the run its loop's state")  # fmt: skip
+            print(f"the envs start new episodes at step {self.global_step} ({why}): the run goes on from the same "
+                  f"weights, not bit for bit as if it had never stopped")  # fmt: skip
 
     def check_stop(self) -> None:
         if self.stop_signal is not None:

@@ -384,7 +384,7 @@ def test_replay_snapshot_round_trips_and_cuts_the_newest_episode(tmp_path, prior
     np.testing.assert_allclose(batch["discounts"], 0.5)
 
 
-def test_episode_snapshot_keeps_stored_episodes_and_priorities_and_drops_running_ones(tmp_path):
+def test_episode_snapshot_keeps_stored_episodes_priorities_and_running_ones_which_drop_running_forgets(tmp_path):
     eb = EpisodeReplayBuffer(4, max_len=3, num_envs=2, fields=EPISODE_FIELDS, alpha=0.6)
     step = dict(obs=np.ones((2, OBS), np.float32), actions=np.array([1, 2]), rewards=np.ones(2, np.float32))
     for _ in range(3):
@@ -396,10 +396,15 @@ def test_episode_snapshot_keeps_stored_episodes_and_priorities_and_drops_running
     restored.load(tmp_path / "episodes.npz")
     assert_same_contents(eb, restored)
     np.testing.assert_array_equal(restored.lengths, eb.lengths)
-    assert restored.t.tolist() == [0, 0] and not restored.staging["obs"].any()  # env 1's running episode is gone
+    assert restored.t.tolist() == [0, 3]  # env 1's running episode came along (its env state is saved too)
+    for name in eb.staging:
+        np.testing.assert_array_equal(restored.staging[name], eb.staging[name], err_msg=name)
     a, b = eb.sample(2, np.random.default_rng(3), beta=0.5), restored.sample(2, np.random.default_rng(3), beta=0.5)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    restored.drop_running()  # a resume whose envs start new episodes
+    assert restored.t.tolist() == [0, 0] and not any(a.any() for a in restored.staging.values())
+    assert_same_contents(eb, restored)
 
 
 def test_snapshot_errors_name_the_problem(tmp_path):
@@ -520,6 +525,9 @@ def test_episode_snapshot_with_bad_lengths_or_size_is_refused(tmp_path):
         bad = tamper(tmp_path / "e.npz", tmp_path / "bad.npz", _lengths=np.array(lengths))
         with pytest.raises(BufferInputError, match=r"episode lengths lie in .* expected 1..max_len=3 for the 1 stored"):
             fresh.load(bad)
+    bad = tamper(tmp_path / "e.npz", tmp_path / "bad.npz", _running_steps=np.array([4]))
+    with pytest.raises(BufferInputError, match=r"running episodes' steps lie outside 0..max_len=3"):
+        fresh.load(bad)
     bad = tamper(tmp_path / "e.npz", tmp_path / "bad.npz", {"size": 9, "pos": 1})
     with pytest.raises(BufferInputError, match="holds size=9 episodes, but this buffer's capacity is 4 episodes"):
         fresh.load(bad)

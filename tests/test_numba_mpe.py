@@ -265,6 +265,33 @@ def test_autoreset_and_episode_stats():
         obs = res.next
 
 
+@pytest.mark.parametrize("name", ["simple_spread_v3", "simple_world_comm_v3"])
+def test_a_saved_state_put_into_a_fresh_env_steps_on_as_the_original(name):
+    """get_state/set_state (what a resumed run restores): mid-episode and across the auto-reset, a fresh env given
+    the state steps on bit for bit as the env it came from (positions, rewards, episode stats, the reset streams)."""
+    E, T = 3, 7
+    env, rng = make_vec(name, num_envs=E, seed=5, max_cycles=T), np.random.default_rng(0)
+    env.reset()
+
+    def actions():
+        return {g: rng.integers(0, s.action_dim, (E, s.n_agents)) for g, s in env.groups.items()}
+
+    for _ in range(4):
+        obs = env.step(actions()).next
+    copy = make_vec(name, num_envs=E, seed=99, max_cycles=T)
+    restored = copy.set_state(env.get_state())
+    np.testing.assert_array_equal(restored.state, obs.state)
+    for _ in range(2 * T):  # two auto-resets: the worlds' random streams came along
+        a = actions()
+        one, two = env.step(a), copy.step(a)
+        np.testing.assert_array_equal(one.next.state, two.next.state)
+        np.testing.assert_array_equal(one.final.state, two.final.state)
+        assert all((one.rewards[g] == two.rewards[g]).all() for g in one.rewards)
+        assert one.episodes == two.episodes
+    with pytest.raises(ValueError, match="does not fit this .* env of 4 envs: saved with other env flags or another"):
+        make_vec(name, num_envs=4).set_state(env.get_state())
+
+
 def test_actions_are_validated_and_clipped():
     env = make_vec("simple_spread_v3", num_envs=2, seed=0)
     env.reset()

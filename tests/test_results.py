@@ -625,11 +625,16 @@ def _real_sweep(out: Path, seed: int, extra: str) -> list[str]:
 REAL_FLAGS = "--num-envs 4 --learning-starts 400 --buffer-size 6000 --final-eval-episodes 20 --eval-episodes 2"
 
 
-def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_with_its_replay_buffer(tmp_path):
+def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_and_learns_as_if_never_stopped(tmp_path):
+    """Stopped by SIGTERM and launched again, the run goes on from its last.pt with its replay buffer, RNG, env state
+    and loop state: every loss logged after the resume, and the final weights, equal those of a run never stopped."""
     import torch
 
     run_dir = tmp_path / "runs" / "simple_spread_v3" / "mfq" / "seed0"
-    cmd = _real_sweep(tmp_path, 0, REAL_FLAGS + " --eval-interval 0")
+    flags = REAL_FLAGS + " --eval-interval 0 --log-interval 40"
+    cmd = _real_sweep(tmp_path, 0, flags)
+    never_stopped = subprocess.Popen(_real_sweep(tmp_path / "ref", 0, flags), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)  # fmt: skip
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_for(lambda: (sweep_runner.reached_step(run_dir) or 0) >= 1200, "the run to pass step 1200", timeout=180)
     first.terminate()
@@ -648,6 +653,18 @@ def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_with_its_repla
     assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
     assert json.loads((run_dir / "final_eval.json").read_text())["global_step"] == 3000
     assert json.loads((tmp_path / "simple_spread_v3" / "mfq.json").read_text())["seeds"] == [0]
+    # the run that never stopped
+    assert never_stopped.wait(timeout=300) == 0
+    ref_dir = tmp_path / "ref" / "runs" / "simple_spread_v3" / "mfq" / "seed0"
+    resumed, ref = collect.read_scalars(run_dir), collect.read_scalars(ref_dir)
+    for tag in ("losses/td_loss", "losses/q_values"):
+        after = ref[tag][0] > step
+        assert after.sum() >= 10 and (ref[tag][0][after] == resumed[tag][0][resumed[tag][0] > step]).all()
+        np.testing.assert_array_equal(resumed[tag][1][resumed[tag][0] > step], ref[tag][1][after], err_msg=tag)
+    end, ref_end = (torch.load(d / "last.pt", weights_only=True)["nets"]["mfq"] for d in (run_dir, ref_dir))
+    assert all(torch.equal(end[k], ref_end[k]) for k in ref_end)
+    finals = [json.loads((d / "final_eval.json").read_text())["returns"] for d in (run_dir, ref_dir)]
+    assert finals[0] == finals[1]
 
 
 def _kill_9_at_a_gap(root: Path) -> tuple[list, Path, int, int] | None:
@@ -708,6 +725,7 @@ def test_a_real_sweep_killed_with_kill_9_resumes_from_the_last_periodic_checkpoi
     assert lost in proc.stdout
     log = (run_dir / "run.log").read_text()
     assert "replay.npz does not exist: the replay buffer refills from scratch" in log and "done: 3000 steps" in log
+    assert f"the envs start new episodes at step {step} (the replay buffer refills)" in log
     assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["status"] == "launched"
 
 

@@ -612,3 +612,71 @@ def test_a_stop_while_the_run_directory_is_made_leaves_one_to_resume_or_none(tmp
     assert not (tmp_path / "b" / "config.json").exists()
     run_inline(capsys, "mappo", "--resume", tmp_path / "b")
     assert (tmp_path / "b" / "config.json").exists() and (tmp_path / "b" / "DONE").exists()
+
+
+# every multi-agent script that hands the run its loop's state (algos/mfq.py: tests/test_results.py, through a sweep)
+ON_POLICY, OFF_POLICY = ["--num-steps", 20], ["--learning-starts", 100, "--batch-size", 8, "--log-interval", 20]
+EXACT_RESUME = {a: ON_POLICY + ["--update-epochs", 2] for a in ("mappo", "ippo", "happo", "vdac", "ic3net", "commnet",
+                                                                 "tarmac")}  # fmt: skip
+EXACT_RESUME |= {a: ON_POLICY for a in ("coma", "mfac")}
+EXACT_RESUME |= {a: OFF_POLICY for a in ("maddpg", "matd3", "iddpg", "isac", "masac", "iql", "qmix", "vdn", "wqmix",
+                                         "qtran", "dcg")}  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", sorted(EXACT_RESUME))
+def test_a_run_stopped_and_resumed_learns_bit_for_bit_as_one_never_stopped(algo, tmp_path, capsys, monkeypatch):
+    """On the Numba MPE (an env that saves its state), a stop mid-episode and a --resume go on with the same episodes,
+    transitions and updates: every loss logged after the resume, and the final weights, equal a run never stopped."""
+    from script_runs import run_inline
+
+    import runtime.run
+
+    flags = ["--env-id", "simple_spread_v3", "--backend", "numba", "--num-envs", 2, "--total-timesteps", 600,
+             "--eval-interval", 0, "--final-eval-episodes", 2, *EXACT_RESUME[algo]]  # fmt: skip
+    run_inline(capsys, algo, *flags, "--run-dir", tmp_path / "ref")
+    real = runtime.run.Run.step
+
+    def stop_at_310(self, global_step, *a, **kw):  # as SIGTERM's handler would, mid-episode (25 steps, 2 envs)
+        if global_step >= 310:
+            self.stop_signal = signal.SIGTERM
+        real(self, global_step, *a, **kw)
+
+    monkeypatch.setattr(runtime.run.Run, "step", stop_at_310)
+    code, _, _ = run_inline(capsys, algo, *flags, "--run-dir", tmp_path / "run", check=False)
+    monkeypatch.setattr(runtime.run.Run, "step", real)
+    stop = weights(tmp_path / "run" / "last.pt")["global_step"]
+    assert code == 130 and 310 <= stop < 600
+    _, out, _ = run_inline(capsys, algo, "--resume", tmp_path / "run")
+    assert "new episodes" not in out
+    ref, resumed = weights(tmp_path / "ref" / "last.pt")["nets"], weights(tmp_path / "run" / "last.pt")["nets"]
+    assert all(torch.equal(ref[n][k], resumed[n][k]) for n in ref for k in ref[n]), "final weights differ"
+    logged = [EventAccumulator(str(d), size_guidance={"scalars": 0}) for d in (tmp_path / "ref", tmp_path / "run")]
+    for acc in logged:
+        acc.Reload()
+    tags = [t for t in logged[0].Tags()["scalars"] if t.startswith("losses/")]
+    assert tags
+    for tag in tags:
+        ref_after, run_after = ([(e.step, e.value) for e in acc.Scalars(tag) if e.step > stop] for acc in logged)
+        assert ref_after and ref_after == run_after, tag
+
+
+def test_a_resume_that_cannot_restore_the_envs_says_they_start_new_episodes(tmp_path, capsys, monkeypatch):
+    """PettingZoo's envs keep no state to save: the resumed run goes on from new episodes, and says so."""
+    from script_runs import run_inline
+
+    import runtime.run
+
+    flags = ["--backend", "pettingzoo", "--num-envs", 2, "--num-steps", 25, "--total-timesteps", 200,
+             "--eval-interval", 0, "--final-eval-episodes", 0, "--run-dir", tmp_path]  # fmt: skip
+    real = runtime.run.Run.step
+
+    def stop_at_100(self, global_step, *a, **kw):
+        if global_step >= 100:
+            self.stop_signal = signal.SIGTERM
+        real(self, global_step, *a, **kw)
+
+    monkeypatch.setattr(runtime.run.Run, "step", stop_at_100)
+    assert run_inline(capsys, "mappo", *flags, check=False)[0] == 130
+    monkeypatch.setattr(runtime.run.Run, "step", real)
+    _, out, _ = run_inline(capsys, "mappo", "--resume", tmp_path)
+    assert "the envs start new episodes at step 100 (this env (SyncVecEnv) does not save its state)" in out

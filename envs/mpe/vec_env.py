@@ -254,6 +254,26 @@ class MPEVecEnv(VecEnv):
             w.ep_return[env_index] = 0.0
             w.cam_range[env_index] = np.abs(w.pos[env_index]).max()
 
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Copies of everything the next steps depend on: every world's arrays (random streams included) and the
+        episodes' running returns and lengths. `set_state` puts them back: a run stopped and resumed steps on as if
+        it never stopped (runtime.run saves it in last.pt)."""
+        state = {f"world.{k}": v.copy() for k, v in self._world._asdict().items()}
+        return state | {"ep_return": self._ep_return.copy(), "ep_length": self._ep_length.copy()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> Observation:
+        """Put back what `get_state` returned (of an env with the same id, flags and num_envs); returns the
+        observations the env had then."""
+        arrays = {f"world.{k}": v for k, v in self._world._asdict().items()}
+        arrays |= {"ep_return": self._ep_return, "ep_length": self._ep_length}
+        if set(state) != set(arrays) or any(np.shape(state[k]) != v.shape for k, v in arrays.items()):
+            raise ValueError(f"the saved env state does not fit this {self.scenario.name} env of {self.num_envs} "
+                             f"envs: saved with other env flags or another --num-envs")  # fmt: skip
+        for k, v in arrays.items():
+            v[...] = state[k]
+        self._seeded, self._needs_reset = True, False
+        return self.observe()
+
     def observe(self) -> Observation:
         """The current observations of every env (what the last reset/step returned as `next`)."""
         state = np.empty((self.num_envs, self.state_shape[0]), np.float32)
