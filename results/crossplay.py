@@ -25,7 +25,8 @@ A pair whose checkpoints are unchanged since the last `<out>/crossplay.json` (sa
 sha256 is recorded) keeps its returns there, and the commit that played it (`pair_commits`): a script joining the
 cross-play plays only its own pairs. `--fresh` plays every pair.
 
-Writes `<out>/crossplay.json` (every pair, the command, the commit) and `crossplay.md`: one matrix per team of its
+Writes `<out>/crossplay.json` (every pair, the command, the commit, and `launches`: each launch that played its
+pairs, with its commit, seconds and number of pairs played) and `crossplay.md`: one matrix per team of its
 mean return (rows: team 1's script, columns: team 2's), and each script's mean over its opponents. make_readme.py
 nests each crossplay.md in results/README.md under one table of every task's teams (`summary()`, from the JSONs).
 """
@@ -151,12 +152,14 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def earlier_pairs(path: Path, settings: dict, digests: dict[str, str]) -> dict[str, tuple[list, str]]:
+def earlier_pairs(path: Path, settings: dict, digests: dict[str, str]) -> tuple[dict[str, tuple[list, str]], list]:
     """The pairs of an earlier crossplay.json made with the same settings whose checkpoints are all unchanged:
-    pair -> (its per-seed returns, the commit that played it). Nothing from a record without digests; a record that
-    cannot be read, or lacks a field it needs, is named in a line and every pair is played again."""
+    pair -> (its per-seed returns, the commit that played it), and, when it has any, the launches that played that
+    record (commit, seconds, pairs; one launch of unknown pairs for a record from before the list was kept), so a
+    cross-play played over several launches keeps each one's cost. Nothing from a record without digests; a record
+    that cannot be read, or lacks a field it needs, is named in a line and every pair is played again."""
     if not path.is_file():
-        return {}
+        return {}, []
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -164,21 +167,23 @@ def earlier_pairs(path: Path, settings: dict, digests: dict[str, str]) -> dict[s
     if not isinstance(old, dict):
         return unusable(path, "not a JSON object")
     if any(old.get(k) != v for k, v in settings.items()) or not isinstance(old.get("digests"), dict):
-        return {}
+        return {}, []
     per_seed, commits = old.get("per_seed"), old.get("pair_commits", {})
     if not isinstance(per_seed, dict) or not all(isinstance(runs, list) for runs in per_seed.values()):
         return unusable(path, "no 'per_seed' (each pair's list of per-seed returns)")
     if not isinstance(commits, dict) or not isinstance(old.get("commit", ""), str):
         return unusable(path, "'pair_commits' or 'commit' is not what crossplay.py writes")
     same = lambda a: all(old["digests"].get(k) == v for k, v in digests.items() if k.startswith(f"{a}/"))  # noqa: E731
-    return {pair: (runs, commits.get(pair, old.get("commit", "unknown"))) for pair, runs in per_seed.items()
-            if runs and all(same(a) for a in pair.split(" vs "))}  # fmt: skip
+    pairs = {pair: (runs, commits.get(pair, old.get("commit", "unknown"))) for pair, runs in per_seed.items()
+             if runs and all(same(a) for a in pair.split(" vs "))}  # fmt: skip
+    launches = old.get("launches") or [dict(commit=old.get("commit"), seconds=old.get("seconds"), pairs=None)]
+    return pairs, launches if pairs else []
 
 
-def unusable(path: Path, problem: str) -> dict:
+def unusable(path: Path, problem: str) -> tuple[dict, list]:
     """No earlier pairs, and a line saying why (the earlier record is overwritten by this run's)."""
     print(f"note: {path}: {problem}; every pair is played again", file=sys.stderr)
-    return {}
+    return {}, []
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -309,7 +314,7 @@ def main(argv=None) -> int:
     settings = dict(env_id=args.env_id, seeds=seeds, teams=[list(t) for t in teams], episodes=args.episodes,
                     backend=args.backend)  # fmt: skip
     digests = {f"{a}/seed{s}": digest(p) for (a, s), p in paths.items()}
-    earlier = {} if args.fresh else earlier_pairs(out / "crossplay.json", settings, digests)
+    earlier, launches = ({}, []) if args.fresh else earlier_pairs(out / "crossplay.json", settings, digests)
     start, cells, per_seed, left_out, commit, pair_commits = time.time(), {}, {}, [], git_commit(), {}
     for a in algos:
         for b in algos:
@@ -341,6 +346,8 @@ def main(argv=None) -> int:
     record = dict(settings, commit=commit, command=command, algos=algos, variant=args.variant, continuous=continuous,
                   seconds=round(time.time() - start, 1), per_seed=per_seed, left_out=left_out, digests=digests,
                   pair_commits=pair_commits)  # fmt: skip
+    played = sum(1 for pair, runs in per_seed.items() if runs and pair not in earlier)
+    record["launches"] = launches + [dict(commit=commit, seconds=record["seconds"], pairs=played)]
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossplay.json").write_text(json.dumps(record) + "\n")
     report = tables(algos, teams, cells)

@@ -408,9 +408,14 @@ def test_crossplay_pairs_every_script_with_every_other_across_action_spaces(tmp_
     kept = json.loads((tmp_path / "out" / "crossplay.json").read_text())
     assert kept["per_seed"]["mappo vs mappo"] == record["per_seed"]["mappo vs mappo"]
     assert kept["pair_commits"]["mappo vs mappo"] == record["commit"] != kept["commit"]
+    assert [(x["commit"], x["pairs"]) for x in kept["launches"]] == [(record["commit"], 4), ("f" * 40, 3)]
+    assert kept["launches"][0]["seconds"] == record["seconds"]  # each launch's cost kept
     assert "1 of 4 pairs kept from the runs of commit(s) " in (tmp_path / "out" / "crossplay.md").read_text()
     assert crossplay.main([*argv, *again]) == 0 and len(played) == 3  # nothing changed since: nothing played
+    launches = lambda: [x["pairs"] for x in json.loads((tmp_path / "out" / "crossplay.json").read_text())["launches"]]  # noqa: E731
+    assert launches() == [4, 3, 0]
     assert crossplay.main([*argv, *again, "--fresh"]) == 0 and len(played) == 7
+    assert launches() == [4]  # --fresh: every pair played again, the earlier launches no longer describe it
     # clear errors: a team split that misses a group, a missing checkpoint
     assert crossplay.main([*argv, "--runs", str(tmp_path / "runs"), "--teams", "adversary/"]) == 2
     assert "give every group of the env ['adversary', 'agent'] once" in capsys.readouterr().err

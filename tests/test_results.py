@@ -1175,17 +1175,18 @@ def test_crossplay_names_a_cached_record_it_cannot_use_and_plays_every_pair_agai
     digests = {"mappo-3m/seed0": "d0", "ippo-3m/seed0": "d1"}
     cached = tmp_path / "crossplay.json"
     cached.write_text(json.dumps(dict(settings, commit="c" * 40, digests=digests)))
-    assert crossplay.earlier_pairs(cached, settings, digests) == {}
+    assert crossplay.earlier_pairs(cached, settings, digests) == ({}, [])
     assert f"note: {cached}: no 'per_seed' (each pair's list of per-seed returns); every pair is played again" in (
         capsys.readouterr().err
     )
     cached.write_text("{")
-    assert crossplay.earlier_pairs(cached, settings, digests) == {}
+    assert crossplay.earlier_pairs(cached, settings, digests) == ({}, [])
     assert f"note: {cached}: unreadable (" in capsys.readouterr().err
     runs = [{"adversary": 1.0, "agent": -1.0}]
     cached.write_text(json.dumps(dict(settings, digests=digests, per_seed={"mappo-3m vs ippo-3m": runs})))
-    assert crossplay.earlier_pairs(cached, settings, digests) == {"mappo-3m vs ippo-3m": (runs, "unknown")}
-    assert crossplay.earlier_pairs(tmp_path / "none.json", settings, digests) == {}
+    one = [dict(commit=None, seconds=None, pairs=None)]  # a record from before `launches`: one launch, pairs unknown
+    assert crossplay.earlier_pairs(cached, settings, digests) == ({"mappo-3m vs ippo-3m": (runs, "unknown")}, one)
+    assert crossplay.earlier_pairs(tmp_path / "none.json", settings, digests) == ({}, [])
     assert capsys.readouterr().err == ""  # a first cross-play, or one that is usable: no line
 
 
