@@ -57,6 +57,12 @@ def lock(run_dir: str):
     return fd
 
 
+def resume_seed(seed: int, step: int) -> int:
+    """The envs' seed at a resume from `step` that cannot restore them: drawn from (seed, step), below 2**31, so that
+    the resumed run's episodes are neither its first ones again nor another resume's."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0] >> 1)
+
+
 class Run:
     """The run around a script's training loop; see the module docstring.
 
@@ -161,6 +167,8 @@ class Run:
         """Where the loop starts: `(obs, *loop.values())` as given, or on --resume the env's state and the loop's
         (each `loop` name, as `step(loop=...)` last saved it) at the step last.pt holds."""
         if self.resumed_loop is None:
+            if self.args.resume and self.global_step > 0:  # new episodes, not the run's very first ones again
+                obs = self.env.reset(seed=resume_seed(self.args.seed, self.global_step))
             return (obs, *loop.values())
         device = torch.device("cuda" if getattr(self.args, "cuda", False) else "cpu")  # hidden states, losses
         env_state, saved = unpack(self.resumed_loop[0]), unpack(self.resumed_loop[1], device)

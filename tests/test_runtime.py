@@ -665,6 +665,7 @@ def test_a_resume_that_cannot_restore_the_envs_says_they_start_new_episodes(tmp_
     from script_runs import run_inline
 
     import runtime.run
+    from envs import SyncVecEnv
 
     flags = ["--backend", "pettingzoo", "--num-envs", 2, "--num-steps", 25, "--total-timesteps", 200,
              "--eval-interval", 0, "--final-eval-episodes", 0, "--run-dir", tmp_path]  # fmt: skip
@@ -678,5 +679,11 @@ def test_a_resume_that_cannot_restore_the_envs_says_they_start_new_episodes(tmp_
     monkeypatch.setattr(runtime.run.Run, "step", stop_at_100)
     assert run_inline(capsys, "mappo", *flags, check=False)[0] == 130
     monkeypatch.setattr(runtime.run.Run, "step", real)
+    seeds, reset = [], SyncVecEnv.reset
+    monkeypatch.setattr(SyncVecEnv, "reset", lambda env, seed=None: seeds.append(seed) or reset(env, seed))
     _, out, _ = run_inline(capsys, "mappo", "--resume", tmp_path)
     assert "the envs start new episodes at step 100 (this env (SyncVecEnv) does not save its state)" in out
+    # ... new ones, not the run's first episodes again (those of --seed 0): seeded from the seed and the step
+    seed = weights(tmp_path / "last.pt")["args"]["seed"]
+    assert runtime.run.resume_seed(seed, 100) in seeds and runtime.run.resume_seed(seed, 100) not in (seed, seed + 1)
+    assert runtime.run.resume_seed(seed, 100) != runtime.run.resume_seed(seed, 200) != runtime.run.resume_seed(0, 200)
