@@ -198,7 +198,7 @@ class Run:
 
         `counters` are the script's own counters (e.g. iteration=...), saved in checkpoints and restored by
         --resume into `run.counters`. `loop`: what the loop carries to its next step besides the observations
-        (arrays, tensors, numbers), saved with the env's state in every last.pt and given back by `start`.
+        (arrays, tensors, numbers), saved with the env's state in every last.pt and given back by `begin`.
         """
         self.global_step, self.counters, self.loop = global_step, counters, loop
         self.bar.update(global_step - self.bar.n)
