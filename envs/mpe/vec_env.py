@@ -258,14 +258,12 @@ class MPEVecEnv(VecEnv):
         """Copies of everything the next steps depend on: every world's arrays (random streams included) and the
         episodes' running returns and lengths. `set_state` puts them back: a run stopped and resumed steps on as if
         it never stopped (runtime.run saves it in last.pt)."""
-        state = {f"world.{k}": v.copy() for k, v in self._world._asdict().items()}
-        return state | {"ep_return": self._ep_return.copy(), "ep_length": self._ep_length.copy()}
+        return {k: v.copy() for k, v in self._state_arrays().items()}
 
     def set_state(self, state: dict[str, np.ndarray]) -> Observation:
         """Put back what `get_state` returned (of an env with the same id, flags and num_envs); returns the
         observations the env had then."""
-        arrays = {f"world.{k}": v for k, v in self._world._asdict().items()}
-        arrays |= {"ep_return": self._ep_return, "ep_length": self._ep_length}
+        arrays = self._state_arrays()
         if set(state) != set(arrays) or any(np.shape(state[k]) != v.shape for k, v in arrays.items()):
             raise ValueError(f"the saved env state does not fit this {self.scenario.name} env of {self.num_envs} "
                              f"envs: saved with other env flags or another --num-envs")  # fmt: skip
@@ -273,6 +271,11 @@ class MPEVecEnv(VecEnv):
             v[...] = state[k]
         self._seeded, self._needs_reset = True, False
         return self.observe()
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        """The arrays `get_state` copies and `set_state` writes, by name (the live ones)."""
+        arrays = {f"world.{k}": v for k, v in self._world._asdict().items()}
+        return arrays | {"ep_return": self._ep_return, "ep_length": self._ep_length}
 
     def observe(self) -> Observation:
         """The current observations of every env (what the last reset/step returned as `next`)."""
