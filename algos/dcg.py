@@ -173,7 +173,8 @@ def act(dcg, specs, obs, hidden, epsilon, rng, device, iterations):
     `hidden` (group -> GRU state) advances."""
     f_i, features, new = dcg.utilities({g: t(obs.obs[g], device)[None] for g in specs}, hidden)
     hidden.update(new)
-    alive = {g: torch.tensor(obs.agent_mask[g], dtype=torch.float32, device=device) for g in specs}  # a copy: the mask is read-only
+    # a copy: the env's mask is read-only
+    alive = {g: torch.tensor(obs.agent_mask[g], dtype=torch.float32, device=device) for g in specs}
     avail = {g: torch.tensor(a, device=device) for g, a in obs.avail_actions.items() if g in specs}
     avail = team_avail(avail, alive, dcg.action_dims, dcg.n)  # (E, N, n)
     alive = torch.cat(list(alive.values()), 1)
