@@ -366,6 +366,9 @@ MATRIX_ORDER = (
     "qtran",
     "dcg",
     "happo",
+    "commnet",
+    "ic3net",
+    "tarmac",
 )
 NESTED_PAGES = ("tournament.md", "crossplay.md")  # written into this page whole, not linked as notes
 MATRIX_VARIANT = "3m"  # the matrix's rows: <env>/<algo>-3m.json, every script at its defaults for 3M steps
@@ -376,8 +379,8 @@ MATRIX_FLAGS = f"--seeds 0,1,2 --total-timesteps 3000000 --variant {MATRIX_VARIA
 MATRIX_COMMANDS = (  # the scripts that train each group apart run every task; one-team scripts, the cooperative ones
     f"python results/run.py --algos mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,coma,mfq,mfac "
     f"--envs {','.join(MPE_TASKS)} {MATRIX_FLAGS}",
-    f"python results/run.py --algos vdn,qmix,wqmix,vdac,qtran,dcg,happo --envs {','.join(COOPERATIVE_TASKS)} "
-    f"{MATRIX_FLAGS}",
+    f"python results/run.py --algos vdn,qmix,wqmix,vdac,qtran,dcg,happo,commnet,ic3net,tarmac "
+    f"--envs {','.join(COOPERATIVE_TASKS)} {MATRIX_FLAGS}",
 )
 
 
