@@ -298,6 +298,27 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+def difference_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = CI_LEVEL,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of mean(a) - mean(b), the seeds of each resampled apart (two rows
+    trained separately: their seeds are not pairs)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.size == 0 or y.size == 0:
+        raise ValueError("difference_ci needs at least one value on each side")
+    rng = np.random.default_rng(seed)
+    stats = x[rng.integers(0, x.size, (resamples, x.size))].mean(-1) - y[
+        rng.integers(0, y.size, (resamples, y.size))
+    ].mean(-1)
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(stats, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
 def sample_std(x: np.ndarray) -> float:
     """Sample standard deviation (ddof=1), 0 for a single value."""
     return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0

@@ -33,9 +33,11 @@ from collect import (
     RESULTS_DIR,
     REWARD_CONVENTION,
     check_result,
+    difference_ci,
     env_kwargs_of,
     read_json,
     result_paths,
+    sample_std,
 )
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
@@ -332,6 +334,33 @@ def group_table(results: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+NO_COMM = "-nocomm"  # a variant of a communication script with its messages zeroed (--no-comm)
+
+
+def message_worth_table(ours: dict[str, dict]) -> list[str]:
+    """What a communication script's messages are worth on a task: each v2 row `<row>-nocomm` beside its `<row>`,
+    the difference of their final policies with a bootstrap interval over seeds (issue 43's comm minus no-comm)."""
+    pairs = [(a[: -len(NO_COMM)], a) for a in sorted(ours) if a.endswith(NO_COMM) and a[: -len(NO_COMM)] in ours]
+    pairs = [(c, n) for c, n in pairs if all(ours[r].get("evaluation_protocol") == "v2" for r in (c, n))]
+    if not pairs:
+        return []
+    lines = [
+        "What the messages are worth: the final policy with messages minus the same script's with them zeroed "
+        "(`--no-comm`, in training and evaluation), 95% percentile bootstrap interval over seeds (each row's seeds "
+        "resampled apart); an interval above 0: the messages carry something the agents use.",
+        "",
+        "| script | with messages | zeroed | worth [95% CI] |",
+        "|---|---|---|---|",
+    ]
+    for comm, nocomm in pairs:
+        with_, without = ([p["final_policy"]["mean"] for p in ours[r]["per_seed"]] for r in (comm, nocomm))
+        low, high = difference_ci(with_, without)
+        cells = [f"{fmt(np.mean(x))} ± {fmt(sample_std(x))} ({len(x)} seeds)" for x in (with_, without)]
+        worth = f"{np.mean(with_) - np.mean(without):+.2f} [{low:+.2f}, {high:+.2f}]"
+        lines.append(f"| `{comm}` vs `{nocomm}` | " + " | ".join(cells) + f" | {worth} |")
+    return [*lines, ""]
+
+
 def final_policy_cell(entry: dict | None, result: dict) -> str:
     """The headline: the final policies on the fixed episode set. Protocol v2 results carry it (final_eval.json of
     every seed); for v1 results, eval_final.py's measurement, when every seed it measured is one of these runs."""
@@ -558,6 +587,7 @@ def env_section(
                 "",
             ]
     lines += group_table(results)
+    lines += message_worth_table(ours)
     for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
         source, protocol = notes[number - 1]
         lines += [f"[{number}] {source}. Protocol: {protocol}.", ""]

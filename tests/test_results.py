@@ -893,6 +893,29 @@ def test_protocol_v2_final_evaluations_are_collected_and_are_the_readme_headline
     assert not (out / eval_final.OUTPUT_NAME).exists()
 
 
+def test_the_readme_says_what_a_comm_scripts_messages_are_worth_with_an_interval():
+    def row(means, protocol="v2"):
+        return {"evaluation_protocol": protocol, "per_seed": [{"final_policy": {"mean": m}} for m in means]}
+
+    ours = {
+        "commnet-3m": row([-10.0, -11.0, -12.0]),
+        "commnet-3m-nocomm": row([-20.0, -21.0, -22.0]),
+        "ic3net-3m": row([-10.0, -11.0]),
+        "ic3net-3m-nocomm": row([-20.0, -21.0], protocol="v1"),  # no final policy to hold against
+        "tarmac-3m-nocomm": row([-20.0]),  # no row with messages beside it
+    }
+    lines = make_readme.message_worth_table(ours)
+    rows = [line for line in lines if line.startswith("| `")]
+    assert len(rows) == 1 and rows[0].startswith("| `commnet-3m` vs `commnet-3m-nocomm` | -11.00 ± 1.00 (3 seeds) |")
+    low, high = (float(x) for x in rows[0].split("[")[1].rstrip("] |").split(", "))
+    assert 8.0 <= low < 10.0 < high <= 12.0  # within what resampled seeds can give: -12 - (-20) .. -10 - (-22)
+    assert "| -21.00 ± 1.00 (3 seeds) | +10.00 [" in rows[0]
+    assert collect.difference_ci([1.0, 1.0], [3.0]) == (-2.0, -2.0)  # no spread: the interval is the difference
+    assert make_readme.message_worth_table({"commnet-3m": row([-10.0])}) == []
+    with pytest.raises(ValueError, match="at least one value on each side"):
+        collect.difference_ci([], [1.0])
+
+
 def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
     algos = "maddpg maddpg-tf64 maddpg-tf128 maddpg-bs1024 maddpg-discrete matd3 iddpg iddpg-tf64 mappo ippo qmix mfq"
     results = [{"algo": a} for a in [*algos.split(), "mappo-continuous"]]
