@@ -338,9 +338,12 @@ def unroll(net, mb):
     alive = torch.cat([mb[f"agent_mask_{g}"] for g in net.specs], 2).float()  # (L, B, N)
     x = net.encode({g: mb[f"obs_{g}"] for g in net.specs})  # (L, B, N, H): every step's inputs at once
     h, hs = mb["h"][0], []
-    for step in range(len(alive)):
-        h = h * (1.0 - mb["starts"][step].float())[:, None, None]  # an episode began here: from zero
-        h = net.step(x[step], h, alive[step], mb["talk"][step])
+    # one slice of each per step (indexing x[step] would give every step's gradient a zero tensor as large as x)
+    for x_t, alive_t, start, talk_t in zip(
+        x.unbind(0), alive.unbind(0), mb["starts"].unbind(0), mb["talk"].unbind(0), strict=True
+    ):
+        h = h * (1.0 - start.float())[:, None, None]  # an episode began here: from zero
+        h = net.step(x_t, h, alive_t, talk_t)
         hs.append(h)
     hs = torch.stack(hs)  # (L, B, N, H)
     avail = {g: mb[f"avail_{g}"].flatten(0, 1) for g in net.specs if f"avail_{g}" in mb}
