@@ -62,10 +62,10 @@ def gru_sequence(gx, h0, w_hh, b_hh, keep):
 def gru_sequence_reference(gx, h0, w_hh, b_hh, keep):
     """The same, one torch step at a time (the reference the kernels are tested against)."""
     h, hs = h0, []
-    for i in range(len(gx)):
-        h = h * keep[i].view(-1, 1, 1)
+    for gx_t, keep_t in zip(gx.unbind(0), keep.unbind(0), strict=True):  # not gx[i]: its backward fills a whole gx
+        h = h * keep_t.view(-1, 1, 1)
         gh = torch.einsum("bah,ahk->bak", h, w_hh.expand(h.shape[1], -1, -1)) + b_hh.transpose(0, 1)
-        (xr, xz, xn), (hr, hz, hn) = gx[i].chunk(3, -1), gh.chunk(3, -1)
+        (xr, xz, xn), (hr, hz, hn) = gx_t.chunk(3, -1), gh.chunk(3, -1)
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
         h = (1 - z) * torch.tanh(xn + r * hn) + z * h
         hs.append(h)
