@@ -289,10 +289,6 @@ def main(argv=None) -> int:
         seeds = parse_seeds(args.seeds)
         if len(algos) < 2 - bool(args.keep) or not seeds or args.episodes < 1:
             raise ValueError("cross-play needs two scripts or more (--algos), a seed (--seeds) and --episodes >= 1")
-        probe = {c: make(args.env_id, 1, 0, c, args.backend) for c in (False, True)}
-        specs = {c: dict(e.groups) for c, e in probe.items()}
-        for e in probe.values():
-            e.close()
         paths = {(a, s): args.runs / args.env_id / label(a) / f"seed{s}" / "last.pt" for a in algos for s in seeds}
         if missing := [str(p) for p in paths.values() if not p.is_file()]:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -304,7 +300,11 @@ def main(argv=None) -> int:
                 copy_policy(str(path), str(copy))
                 print(f"kept {copy}")
             return 0
-        teams = split_teams(args.teams, list(specs[False]))  # keeping needs none: a three-group task's too
+        probe = {c: make(args.env_id, 1, 0, c, args.backend) for c in (False, True)}  # keeping needs no env
+        specs = {c: dict(e.groups) for c, e in probe.items()}
+        for e in probe.values():
+            e.close()
+        teams = split_teams(args.teams, list(specs[False]))  # nor teams: a three-group task's checkpoints are kept too
         first = {a: read_checkpoint(str(paths[a, seeds[0]])) for a in algos}
         continuous = {a: bool(ckpt["args"].get("continuous_actions")) for a, ckpt in first.items()}
     except (ValueError, OSError, envs.EnvArgumentError) as e:
