@@ -279,6 +279,13 @@ def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.take(values, np.arange(k, n - k), axis=axis).mean(axis=axis)
 
 
+def percentile_interval(stats: np.ndarray, level: float = CI_LEVEL) -> tuple[float, float]:
+    """The central `level` interval of bootstrap statistics: their (1 - level) / 2 and (1 + level) / 2 percentiles."""
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(stats, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
 def bootstrap_ci(
     values: Sequence[float],
     statistic: Callable[..., np.ndarray],
@@ -292,10 +299,7 @@ def bootstrap_ci(
         raise ValueError("bootstrap_ci needs at least one value")
     rng = np.random.default_rng(seed)
     samples = x[rng.integers(0, x.size, size=(resamples, x.size))]  # (resamples, n)
-    stats = statistic(samples, axis=-1)
-    tail = 100.0 * (1.0 - level) / 2.0
-    low, high = np.percentile(stats, [tail, 100.0 - tail])
-    return float(low), float(high)
+    return percentile_interval(statistic(samples, axis=-1), level)
 
 
 def difference_ci(
@@ -311,12 +315,9 @@ def difference_ci(
     if x.size == 0 or y.size == 0:
         raise ValueError("difference_ci needs at least one value on each side")
     rng = np.random.default_rng(seed)
-    stats = x[rng.integers(0, x.size, (resamples, x.size))].mean(-1) - y[
-        rng.integers(0, y.size, (resamples, y.size))
-    ].mean(-1)
-    tail = 100.0 * (1.0 - level) / 2.0
-    low, high = np.percentile(stats, [tail, 100.0 - tail])
-    return float(low), float(high)
+    means_a = x[rng.integers(0, x.size, (resamples, x.size))].mean(-1)
+    means_b = y[rng.integers(0, y.size, (resamples, y.size))].mean(-1)
+    return percentile_interval(means_a - means_b, level)
 
 
 def sample_std(x: np.ndarray) -> float:
