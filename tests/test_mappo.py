@@ -1,4 +1,5 @@
-"""algos/mappo.py and algos/ippo.py end to end, as subprocesses with tiny budgets."""
+"""algos/mappo.py and algos/ippo.py end to end with tiny budgets: in this process (the same CLI and code path, no torch
+import per run) unless a test needs a process of its own (signals, an environment variable read at import)."""
 
 import json
 import re
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import script_runs
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from script_runs import scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ["mappo", "ippo"]
@@ -20,18 +22,17 @@ TINY = ["--backend", "pettingzoo", "--num-envs", "2", "--eval-episodes", "2", "-
         "--final-eval-episodes", "4"]  # fmt: skip
 
 
-def run(algo, *flags, check=True, timeout=240):
-    cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY, *map(str, flags)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run(algo, *flags, check=True, own_process=False):
+    """algos/<algo>.py with the tiny flags, in this process (no torch import per run) unless it needs `own_process`
+    (an environment variable read at import)."""
+    script = ROOT / "algos" / f"{algo}.py"
+    if not own_process:
+        return script_runs.run_captured(script, *TINY, *flags, check=check)
+    cmd = [sys.executable, str(script), *TINY, *map(str, flags)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
-
-
-def scalars(run_dir, tag):
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
 def first_final_returns(run_dir, n=2):
@@ -207,7 +208,7 @@ def test_without_numbas_compilation_a_run_says_so_once_and_learns_alike(tmp_path
     flags = ("--total-timesteps", 200, "--eval-interval", 0, "--seed", 3)
     compiled = run("ippo", *flags, "--run-dir", tmp_path / "jit")
     monkeypatch.setenv("NUMBA_DISABLE_JIT", "1")
-    plain = run("ippo", *flags, "--run-dir", tmp_path / "plain")
+    plain = run("ippo", *flags, "--run-dir", tmp_path / "plain", own_process=True)
     notice = "NUMBA_DISABLE_JIT is set: the compiled kernels"
     assert plain.stderr.count(notice) == 1 and notice not in compiled.stderr
     for tag in ("losses/policy_loss", "losses/value_loss", "losses/entropy"):
