@@ -2,13 +2,11 @@
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
+import script_runs
 import torch
 
 import runtime
@@ -27,8 +25,8 @@ def example_script(tmp_path) -> Path:
 
 
 def run(script, *flags):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, env=env, cwd=ROOT)
+    """The script in this process, answering as subprocess.run would (script_runs.run_captured)."""
+    return script_runs.run_captured(script, *flags, check=False)
 
 
 def test_the_layers_example_is_a_script_that_trains_evaluates_reloads_and_plays(tmp_path):

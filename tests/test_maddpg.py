@@ -27,12 +27,9 @@ LOSSES = ("losses/qf_loss", "losses/actor_loss", "losses/q_values")
 WORLD_COMM_GROUPS = ["leadadversary", "adversary", "agent"]
 
 
-def run(algo, *flags, check=True, timeout=240):
-    cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY, *map(str, flags)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
+def run(algo, *flags, check=True):
+    """The script in this process, answering as subprocess.run would (script_runs.run_captured)."""
+    return script_runs.run_captured(ROOT / "algos" / f"{algo}.py", *TINY, *flags, check=check)
 
 
 def run_inline(capsys, algo, *flags, check=True):

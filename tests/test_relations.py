@@ -2,13 +2,11 @@
 relations are the distances they name, and every script takes the flag or refuses it in one line."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import script_runs
 
 import envs
 from envs.relations import WithRelations, relations
@@ -83,9 +81,9 @@ def test_an_env_without_a_layout_is_refused_in_one_line():
         WithRelations(one, "simple_spread_v3")
 
 
-def run(*flags):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *map(str, flags)], capture_output=True, text=True, env=env, cwd=ROOT)
+def run(script, *flags):
+    """The script in this process, answering as subprocess.run would (script_runs.run_captured)."""
+    return script_runs.run_captured(script, *flags, check=False)
 
 
 def test_a_script_trains_and_replays_with_relations_and_refuses_them_where_they_do_not_apply(tmp_path):

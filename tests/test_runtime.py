@@ -18,6 +18,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import script_runs
 import torch
 import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -31,12 +32,9 @@ TINY = ["--backend", "pettingzoo", "--num-envs", "2", "--num-steps", "25", "--ev
         "--update-epochs", "1", "--final-eval-episodes", "4"]  # fmt: skip
 
 
-def mappo(*flags, check=True, timeout=240):
-    cmd = [sys.executable, str(ROOT / "algos" / "mappo.py"), *TINY, *map(str, flags)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
+def mappo(*flags, check=True):
+    """algos/mappo.py with the tiny flags, in this process (script_runs.run_captured); `start` gives a process."""
+    return script_runs.run_captured(ROOT / "algos" / "mappo.py", *TINY, *flags, check=check)
 
 
 def start(*flags):
@@ -256,6 +254,7 @@ def test_resume_takes_the_checkpoints_flags_and_refuses_another_num_envs(tmp_pat
     assert "--hidden-size 16 (checkpoint) vs 32 (now)" in error_line(proc)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
 def test_a_diverging_run_leaves_a_finite_last_checkpoint_that_resumes(tmp_path):
     proc = mappo("--total-timesteps", 2000, "--learning-rate", 1e6, "--run-dir", tmp_path, check=False)
     line = error_line(proc)

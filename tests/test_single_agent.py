@@ -31,12 +31,9 @@ STEPS = {"ppo": 128, "dqn": 300, "drqn": 300}  # ppo: two rollouts of 2 envs x 3
 LOSS = {"ppo": "losses/value_loss", "dqn": "losses/td_loss", "drqn": "losses/td_loss"}
 
 
-def run(algo, *flags, check=True, timeout=240):
-    cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *TINY[algo], *map(str, flags)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
+def run(algo, *flags, check=True):
+    """The script in this process, answering as subprocess.run would (script_runs.run_captured)."""
+    return script_runs.run_captured(ROOT / "algos" / f"{algo}.py", *TINY[algo], *flags, check=check)
 
 
 def run_inline(capsys, algo, *flags, check=True):
