@@ -221,11 +221,7 @@ def test_spread_encoder_ignores_the_order_of_landmarks_and_of_other_agents_and_t
     ],
 )
 def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, probe, flags):
-    import os
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    script = Path(__file__).resolve().parents[1] / "probes" / probe
     tiny = [
         "--env-kwargs",
         '{"N": 2}',
@@ -240,14 +236,9 @@ def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, probe
         "--run-dir",
         str(tmp_path / "run"),
     ]
-    done = subprocess.run(
-        [sys.executable, str(root / "probes" / probe), *flags, *tiny], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    script_runs.run_captured(script, *flags, *tiny)  # in this process: no torch import per run
     assert json.loads((tmp_path / "run" / "final_eval.json").read_text())["episodes"] == 2
-    refused = subprocess.run(
-        [sys.executable, str(root / "probes" / probe), "--env-id", "simple_v3"], capture_output=True, text=True, env=env
-    )
+    refused = script_runs.run_captured(script, "--env-id", "simple_v3", check=False)
     assert refused.returncode != 0 and "simple_spread_v3" in refused.stderr
 
 
