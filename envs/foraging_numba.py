@@ -30,7 +30,7 @@ from numba import njit
 
 from envs.foraging import task_kwargs
 from envs.mpe.physics import integer
-from envs.team_vec_env import TeamVecEnv
+from envs.team_vec_env import TeamVecEnv, accept_max_cycles_only
 
 NONE, NORTH, SOUTH, WEST, EAST, LOAD = range(6)
 ATTEMPTS = 1000  # the package's tries to place a player or a food
@@ -305,7 +305,5 @@ class ForagingVecEnv(TeamVecEnv):
 
 def make_vec(env_id: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 50, **kwargs) -> ForagingVecEnv:
     """`num_envs` Numba copies of a Level-Based Foraging task; `render_mode` is accepted and ignored."""
-    kwargs.pop("render_mode", None)
-    if kwargs:
-        raise TypeError(f"{env_id} got unexpected argument(s) {sorted(kwargs)}; it accepts max_cycles")
+    accept_max_cycles_only(env_id, kwargs)
     return ForagingVecEnv(env_id, num_envs, seed, max_cycles)

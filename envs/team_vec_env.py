@@ -120,3 +120,10 @@ class TeamVecEnv(VecEnv):
     def _observation(self, obs: np.ndarray) -> Observation:
         per_agent = obs.reshape(self.num_envs, *self._mask.shape[1:], self.width)
         return Observation({"agent": per_agent}, obs, {"agent": self._mask})
+
+
+def accept_max_cycles_only(env_id: str, kwargs: dict) -> None:
+    """A port's `make_vec` takes `max_cycles` alone: `render_mode` is accepted and ignored, anything else refused."""
+    kwargs.pop("render_mode", None)
+    if kwargs:
+        raise TypeError(f"{env_id} got unexpected argument(s) {sorted(kwargs)}; it accepts max_cycles")

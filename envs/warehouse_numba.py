@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from envs.mpe.physics import integer
-from envs.team_vec_env import TeamVecEnv
+from envs.team_vec_env import TeamVecEnv, accept_max_cycles_only
 from envs.warehouse import task_kwargs
 
 NOOP, FORWARD, LEFT, RIGHT, TOGGLE = range(5)
@@ -490,7 +490,5 @@ class WarehouseVecEnv(TeamVecEnv):
 
 def make_vec(env_id: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 500, **kwargs) -> WarehouseVecEnv:
     """`num_envs` Numba copies of an RWARE task; `render_mode` is accepted and ignored."""
-    kwargs.pop("render_mode", None)
-    if kwargs:
-        raise TypeError(f"{env_id} got unexpected argument(s) {sorted(kwargs)}; it accepts max_cycles")
+    accept_max_cycles_only(env_id, kwargs)
     return WarehouseVecEnv(env_id, num_envs, seed, max_cycles)
