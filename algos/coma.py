@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import RolloutBuffer, to_torch
+from buffers import RolloutBuffer, float_tensor, to_torch
 from runtime import (
     MakePolicy,
     MultiAgentArgs,
@@ -152,10 +152,6 @@ def counterfactual_advantages(q_all, pi, actions):
     return q_all.gather(-1, actions[..., None]).squeeze(-1) - (pi * q_all).sum(-1)
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def masked_mean(mask, x):
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -166,7 +162,7 @@ def act(groups, obs, hidden, epsilon, device, greedy=False):
     actions = {}
     for g, coma in groups.items():
         avail = obs.avail_actions.get(g)
-        logits, hidden[g] = coma.actor(t(obs.obs[g], device), hidden[g])
+        logits, hidden[g] = coma.actor(float_tensor(obs.obs[g], device), hidden[g])
         pi = policy_probs(logits, None if avail is None else torch.as_tensor(avail, device=device), epsilon)
         actions[g] = pi.argmax(-1) if greedy else torch.multinomial(pi.flatten(0, 1), 1).view(pi.shape[:2])
         actions[g] = actions[g].cpu().numpy()

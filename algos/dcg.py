@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, float_tensor, team_fields, team_step, to_torch
 from runtime import (
     MakePolicy,
     MultiAgentArgs,
@@ -171,7 +171,7 @@ class DCG(nn.Module):
 def act(dcg, specs, obs, hidden, epsilon, rng, device, iterations):
     """The team's greedy joint action by max-sum, then epsilon-greedy per agent over its available actions;
     `hidden` (group -> GRU state) advances."""
-    f_i, features, new = dcg.utilities({g: t(obs.obs[g], device)[None] for g in specs}, hidden)
+    f_i, features, new = dcg.utilities({g: float_tensor(obs.obs[g], device)[None] for g in specs}, hidden)
     hidden.update(new)
     # a copy: the env's mask is read-only
     alive = {g: torch.tensor(obs.agent_mask[g], dtype=torch.float32, device=device) for g in specs}
@@ -283,10 +283,6 @@ def main(args):
 
 
 # --- what the loop calls: the graph, max-sum and the update ---
-
-
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
 def graph_edges(graph, n_agents):

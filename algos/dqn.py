@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import tyro
 
-from buffers import PrioritizedReplayBuffer, ReplayBuffer, to_torch
+from buffers import PrioritizedReplayBuffer, ReplayBuffer, float_tensor, to_torch
 from runtime import (
     MakePolicy,
     Run,
@@ -93,13 +93,9 @@ class QNetwork(nn.Module):
         return self.value(h) + a - a.mean(-1, keepdim=True)  # Wang et al. 2016, eq. 9
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def acting(q_network, device) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: greedy on the Q-values (the evaluations)."""
-    return lambda num_envs, rng: lambda obs, done: q_network(t(obs, device)).argmax(-1).cpu().numpy()
+    return lambda num_envs, rng: lambda obs, done: q_network(float_tensor(obs, device)).argmax(-1).cpu().numpy()
 
 
 NETWORK_FLAGS = ("dueling",)  # what a checkpoint's weights depend on
@@ -141,7 +137,7 @@ def main(args):
                 args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
             )
             with torch.no_grad():
-                greedy_actions = q_network(t(obs, device)).argmax(-1).cpu().numpy()
+                greedy_actions = q_network(float_tensor(obs, device)).argmax(-1).cpu().numpy()
             explore = rng.random(args.num_envs) < epsilon
             actions = np.where(explore, rng.integers(n_actions, size=args.num_envs), greedy_actions)
             # STEP

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import tyro
 
-from buffers import EpisodeReplayBuffer, to_torch
+from buffers import EpisodeReplayBuffer, float_tensor, to_torch
 from runtime import (
     MakePolicy,
     Run,
@@ -93,10 +93,6 @@ class RecurrentQNetwork(nn.Module):
         return self.head(out), h
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def acting(q_network, device) -> MakePolicy:
     """`(num_envs, rng) -> act(obs, done) -> actions`: greedy on the recurrent Q-values, each episode from a zero GRU
     state (the evaluations)."""
@@ -107,7 +103,7 @@ def acting(q_network, device) -> MakePolicy:
         def act_fn(obs, done):
             nonlocal h
             h = reset_finished(h, done, env_dim=1)  # nn.GRU's state (1, E, H)
-            q, h = q_network(t(obs, device)[None], h)
+            q, h = q_network(float_tensor(obs, device)[None], h)
             return q[0].argmax(-1).cpu().numpy()
 
         return act_fn
@@ -156,7 +152,7 @@ def main(args):
                 args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
             )
             with torch.no_grad():
-                q, h = q_network(t(obs, device)[None], h)
+                q, h = q_network(float_tensor(obs, device)[None], h)
             explore = rng.random(args.num_envs) < epsilon
             actions = np.where(explore, rng.integers(n_actions, size=args.num_envs), q[0].argmax(-1).cpu().numpy())
             # STEP

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Normal
 
-from buffers import RolloutBuffer, team_fields, team_step, to_torch
+from buffers import RolloutBuffer, float_tensor, team_fields, team_step, to_torch
 from runtime import (
     Categorical,
     InputNorm,
@@ -149,10 +149,6 @@ class Team(nn.Module):
         self.state_norm.update(rb["state"])
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def masked_mean(mask, x):
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -163,8 +159,8 @@ def act(groups, obs, device, greedy=False):
     to the Box) and their log-probabilities (E, A)."""
     actions, taken, logprobs = {}, {}, {}
     for g, actors in groups.items():
-        spec, o, avail = actors.spec, t(obs.obs[g], device), obs.avail_actions.get(g)
-        avail = None if avail is None else t(avail, device)
+        spec, o, avail = actors.spec, float_tensor(obs.obs[g], device), obs.avail_actions.get(g)
+        avail = None if avail is None else float_tensor(avail, device)
         samples, logps = [], []
         for i in range(spec.n_agents):
             d = actors.dist(o, i, avail)
@@ -243,14 +239,16 @@ def main(args):
                 # ACT, in inference mode (no autograd)
                 with torch.inference_mode():
                     actions, taken, logprobs = act(team.groups, obs, device)
-                    values = team.value(t(obs.state, device))
+                    values = team.value(float_tensor(obs.state, device))
                 # STEP
                 step = env.step(actions)
                 global_step += args.num_envs
                 # STORE: the team's step (its reward: the mean of its agents'); a truncated episode bootstraps from
                 # V(final state), not from the next episode's first
                 with torch.inference_mode():
-                    final_values = team.value(t(step.final.state, device)) if step.truncated.any() else 0 * values
+                    final_values = (
+                        team.value(float_tensor(step.final.state, device)) if step.truncated.any() else 0 * values
+                    )
                 rb.add(
                     **team_step(obs, taken, step, specs, state=True),
                     **{f"logprobs_{g}": lp for g, lp in logprobs.items()},
@@ -263,7 +261,7 @@ def main(args):
 
             # TARGETS: GAE of the team's TD errors, by the compiled kernel
             with torch.no_grad():
-                last_values = team.value(t(obs.state, device))
+                last_values = team.value(float_tensor(obs.state, device))
             rb.compute_gae(last_values, args.gamma, args.gae_lambda, rewards="reward")
             if args.value_norm:
                 team.value_norm.update(torch.as_tensor(rb.targets["returns"]).flatten().to(device))

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Normal
 
-from buffers import RolloutBuffer, team_fields, team_step, to_torch
+from buffers import RolloutBuffer, float_tensor, team_fields, team_step, to_torch
 from runtime import (
     Categorical,
     InputNorm,
@@ -148,10 +148,6 @@ class IC3Net(nn.Module):
             norm.update(rb[f"obs_{g}"], alive=rb[f"agent_mask_{g}"])
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def masked_mean(mask, x):
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -162,9 +158,9 @@ def log_prob(spec, d, actions):  # of each agent's action (a Gaussian's dimensio
 
 def views(net, obs, device):
     """An Observation as the network takes it: group -> obs, group -> action masks, alive (B, N)."""
-    o = {g: t(obs.obs[g], device) for g in net.specs}
+    o = {g: float_tensor(obs.obs[g], device) for g in net.specs}
     avail = {g: torch.as_tensor(obs.avail_actions[g], device=device) for g in net.specs if g in obs.avail_actions}
-    return o, avail, t(np.concatenate([obs.agent_mask[g] for g in net.specs], 1), device)
+    return o, avail, float_tensor(np.concatenate([obs.agent_mask[g] for g in net.specs], 1), device)
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Normal
 
-from buffers import RolloutBuffer, to_torch
+from buffers import RolloutBuffer, float_tensor, to_torch
 from runtime import (
     Categorical,
     GroupLinear,
@@ -190,10 +190,6 @@ class Policy(nn.Module):
         return d.entropy() if self.spec.discrete else d.entropy().sum(-1)
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def masked_mean(mask, x):
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -214,8 +210,8 @@ def act(policies, obs, device, hidden, greedy=False):
     actions, taken = {}, {}
     for g, pol in policies.items():
         spec, avail = pol.spec, obs.avail_actions.get(g)
-        out, hidden[g] = pol.actor_out(t(obs.obs[g], device), hidden[g])
-        d = pol.dist(out, None if avail is None else t(avail, device))
+        out, hidden[g] = pol.actor_out(float_tensor(obs.obs[g], device), hidden[g])
+        d = pol.dist(out, None if avail is None else float_tensor(avail, device))
         a = d.mode if greedy else d.sample()
         taken[g] = {"actions": a.cpu().numpy(), "logprobs": pol.log_prob(d, a).cpu().numpy()}
         a = taken[g]["actions"]  # the log-probability belongs to the sample: only the env sees it clipped
@@ -302,7 +298,7 @@ def main(args):
                     actions, taken = act(policies, obs, device, h_actor)
                     values = {}
                     for g in learners:
-                        values[g], h_critic[g] = policies[g].value(t(obs.obs[g], device), h_critic[g])
+                        values[g], h_critic[g] = policies[g].value(float_tensor(obs.obs[g], device), h_critic[g])
                 # STEP
                 step = env.step(actions)
                 global_step += args.num_envs
@@ -310,7 +306,9 @@ def main(args):
                 with torch.inference_mode():
                     trunc = step.truncated.any()
                     final_values = {
-                        g: policies[g].value(t(step.final.obs[g], device), h_critic[g])[0] if trunc else 0 * values[g]
+                        g: policies[g].value(float_tensor(step.final.obs[g], device), h_critic[g])[0]
+                        if trunc
+                        else 0 * values[g]
                         for g in learners
                     }
                 for g in learners:
@@ -337,7 +335,7 @@ def main(args):
             for g in learners:
                 pol, rb = policies[g], buffers[g]
                 with torch.no_grad():
-                    last_values = pol.value(t(obs.obs[g], device), h_critic[g])[0]
+                    last_values = pol.value(float_tensor(obs.obs[g], device), h_critic[g])[0]
                 rb.compute_gae(last_values, args.gamma, args.gae_lambda)
                 if args.value_norm:
                     alive = torch.as_tensor(rb["agent_mask"])

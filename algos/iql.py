@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, float_tensor, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
     MakePolicy,
@@ -139,7 +139,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
         avail = obs.avail_actions.get(g)  # (E, A, n) or None
         shape = (*obs.agent_mask[g].shape, spec.action_dim)
         uniform = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)  # a random available action
-        q, hidden[g] = agents[g](t(obs.obs[g], device)[None], hidden[g])
+        q, hidden[g] = agents[g](float_tensor(obs.obs[g], device)[None], hidden[g])
         q = q[0] if avail is None else q[0].masked_fill(~torch.as_tensor(avail, device=device), -torch.inf)
         actions[g] = np.where(rng.random(shape[:2]) < epsilon, uniform, q.argmax(-1).cpu().numpy())
     return actions
@@ -256,10 +256,6 @@ def main(args):
 # --- what the loop calls: the IQL update ---
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def td_targets(rewards, terminated, cut, next_values, args):
     """n-step or TD(lambda) targets (T, B) by the compiled kernels over numpy arrays."""
     v = next_values.cpu().numpy()
@@ -292,7 +288,7 @@ def update(iql, target, optimizer, rb, args, device, rng, beta):
             y = td_targets(
                 rewards.reshape(L, -1), terminated.reshape(L, -1), np.repeat(cut, A, 1), next_q.reshape(L, -1), args
             )
-        td = (chosen - t(y, device).view(L, B, A)) * mask
+        td = (chosen - float_tensor(y, device).view(L, B, A)) * mask
         weights = mb["weights"][None, :, None] if args.prioritized else 1.0  # importance sampling
         sq_err = sq_err + (weights * td**2).sum()
         err, count, q_sum = err + td.detach().abs().sum((0, 2)), count + mask.sum((0, 2)), q_sum + (chosen * mask).sum()

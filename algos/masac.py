@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
+from buffers import PrioritizedReplayBuffer, ReplayBuffer, float_tensor, joint_fields, joint_transition, to_torch
 from runtime import (
     ArgumentError,
     GroupLinear,
@@ -184,10 +184,10 @@ class Critic(nn.Module):
 
 def act(actors, obs, device, explore=True, uniform=False):
     """Every group's actions as env.step takes them: a sample of pi, its mode (greedy), or uniform (warm-up)."""
-    t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)  # noqa: E731
     actions = {}
     for g, actor in actors.items():
-        o, avail = t(obs.obs[g]), t(obs.avail_actions[g]) if g in obs.avail_actions else None
+        o = float_tensor(obs.obs[g], device)
+        avail = float_tensor(obs.avail_actions[g], device) if g in obs.avail_actions else None
         a = actor.uniform(o, avail) if uniform else actor.sample(o, avail, greedy=not explore)[0]
         actions[g] = a.argmax(-1).cpu().numpy() if actor.spec.discrete else a.cpu().numpy()
     return actions

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition, to_torch
+from buffers import PrioritizedReplayBuffer, ReplayBuffer, float_tensor, joint_fields, joint_transition, to_torch
 from runtime import (
     GroupLinear,
     MakePolicy,
@@ -169,10 +169,10 @@ class Critic(nn.Module):
 
 def act(actors, obs, device, args, explore=True, uniform=False):
     """Every group's actions as env.step takes them: greedy, with exploration noise, or uniform (warm-up, frozen)."""
-    t = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)  # noqa: E731
     actions = {}
     for g, actor in actors.items():
-        o, avail = t(obs.obs[g]), t(obs.avail_actions[g]) if g in obs.avail_actions else None
+        o = float_tensor(obs.obs[g], device)
+        avail = float_tensor(obs.avail_actions[g], device) if g in obs.avail_actions else None
         if uniform:
             a = actor.uniform(o, avail)
         elif explore:  # Gaussian noise (continuous), a sample of softmax(logits) (discrete)

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
-from buffers import RolloutBuffer, to_torch
+from buffers import RolloutBuffer, float_tensor, to_torch
 from buffers.kernels import neighbour_mean_actions
 from runtime import (
     ArgumentError,
@@ -107,10 +107,6 @@ class MFAC(nn.Module):
         self.agents = nn.ModuleDict({g: Agents(spec, args) for g, spec in specs.items()})
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def masked_mean(mask, x):
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -127,7 +123,7 @@ def act(agents, specs, obs, device, args, greedy=False):
     actions, means = {}, {}
     for g, spec in specs.items():
         avail = obs.avail_actions.get(g)
-        d = agents[g].policy(t(obs.obs[g], device), None if avail is None else t(avail, device))
+        d = agents[g].policy(float_tensor(obs.obs[g], device), None if avail is None else float_tensor(avail, device))
         actions[g] = (d.probs.argmax(-1) if greedy else d.sample()).cpu().numpy()
         means[g] = mean_actions(obs, g, actions[g], spec.action_dim, args)
     return actions, means
@@ -136,7 +132,15 @@ def act(agents, specs, obs, device, args, greedy=False):
 @torch.no_grad()
 def value(agents, obs, mean, device, avail=None):
     """V(o, a_mean), numpy (E, A)."""
-    return agents.v(t(obs, device), t(mean, device), None if avail is None else t(avail, device)).cpu().numpy()
+    return (
+        agents.v(
+            float_tensor(obs, device),
+            float_tensor(mean, device),
+            None if avail is None else float_tensor(avail, device),
+        )
+        .cpu()
+        .numpy()
+    )
 
 
 def acting(agents, specs, args, device, greedy=True) -> MakePolicy:

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import ReplayBuffer, to_torch
+from buffers import ReplayBuffer, float_tensor, to_torch
 from buffers.kernels import neighbour_mean_actions
 from runtime import (
     ArgumentError,
@@ -98,10 +98,6 @@ class MFQ(nn.Module):
         self.agents = nn.ModuleDict({g: MeanFieldQ(spec, args) for g, spec in specs.items()})
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def masked_logits(q, avail):
     return q if avail is None else q.masked_fill(avail == 0, -torch.inf)
 
@@ -129,7 +125,7 @@ def act(agents, specs, obs, means, temperature, rng, device, args, greedy=False)
     for g, spec in specs.items():
         avail = obs.avail_actions.get(g)
         q = masked_logits(
-            agents[g](t(obs.obs[g], device), t(means[g], device)),
+            agents[g](float_tensor(obs.obs[g], device), float_tensor(means[g], device)),
             None if avail is None else torch.as_tensor(avail, device=device),
         )
         if greedy:

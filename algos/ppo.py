@@ -10,7 +10,7 @@ import torch.nn as nn
 import tyro
 from torch.distributions import Categorical, Normal
 
-from buffers import RolloutBuffer, to_torch
+from buffers import RolloutBuffer, float_tensor, to_torch
 from runtime import MakePolicy, Run, RunArgs, check_args, check_finite, cli, setup
 from runtime.args import make_gym_env
 
@@ -120,7 +120,7 @@ class Agent(nn.Module):
 
     def preprocess(self, obs, device, update=False):
         """Flatten, and with --norm-obs normalize by the running statistics (updated on training steps only)."""
-        x = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=device).flatten(1)
+        x = float_tensor(obs, device).flatten(1)
         if not self.norm_obs:
             return x
         if update:

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, float_tensor, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
     MakePolicy,
@@ -163,7 +163,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
         avail = obs.avail_actions.get(g)  # (E, A, n) or None
         shape = (*obs.agent_mask[g].shape, spec.action_dim)
         uniform = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)  # a random available action
-        q, hidden[g] = agents[g](t(obs.obs[g], device)[None], hidden[g])
+        q, hidden[g] = agents[g](float_tensor(obs.obs[g], device)[None], hidden[g])
         q = q[0] if avail is None else q[0].masked_fill(~torch.as_tensor(avail, device=device), -torch.inf)
         actions[g] = np.where(rng.random(shape[:2]) < epsilon, uniform, q.argmax(-1).cpu().numpy())
     return actions
@@ -186,15 +186,6 @@ def acting(agents, specs, args, device, epsilon) -> MakePolicy:
         return act_fn
 
     return make
-
-
-def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
-    """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
-    results/tournament.py (runtime.opponents)."""
-    args = checkpoint_args(Args, ckpt["args"])
-    agents = GroupQ(spec, args).to(device)
-    agents.load_state_dict(sub_state(ckpt["nets"]["qmix"], f"agents.{group}."))
-    return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
 
 
 NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "hypernet_embed")  # what the weights depend on
@@ -281,10 +272,6 @@ def main(args):
 # --- what the loop calls: the QMIX update ---
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def td_targets(batch, next_values, args):
     """n-step or TD(lambda) targets (T, B) of the team's steps, by the compiled kernels over numpy arrays."""
     rewards, terminated = batch["reward"][:-1], batch["terminated"][:-1]
@@ -316,7 +303,7 @@ def update(qmix, target, optimizer, rb, args, device, rng, beta):
     # TARGETS: TD(lambda) (or n-step) over the target mixer's Q_tot of the next steps
     with torch.no_grad():
         next_q_tot = target.mixer(torch.cat(next_q, -1), mb["state"][1:])
-        targets = t(td_targets(batch, next_q_tot, args), device)
+        targets = float_tensor(td_targets(batch, next_q_tot, args), device)
     td = (q_tot - targets) * mask
     weights = mb["weights"][None] if args.prioritized else 1.0  # importance sampling of prioritized episodes
     n = mask.sum().clamp(min=1.0)
@@ -331,6 +318,15 @@ def update(qmix, target, optimizer, rb, args, device, rng, beta):
         err = td.detach().abs().sum(0) / mask.sum(0).clamp(min=1.0)
         rb.update_priorities(batch["indices"], err.cpu().numpy())
     return dict(td_loss=loss.item(), q_values=((q_tot * mask).sum() / n).item())
+
+
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
+    """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
+    results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    agents = GroupQ(spec, args).to(device)
+    agents.load_state_dict(sub_state(ckpt["nets"]["qmix"], f"agents.{group}."))
+    return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, float_tensor, team_fields, team_step, to_torch
 from runtime import (
     MakePolicy,
     MultiAgentArgs,
@@ -176,7 +176,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
         avail = obs.avail_actions.get(g)  # (E, A, n) or None
         shape = (*obs.agent_mask[g].shape, spec.action_dim)
         uniform = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)  # a random available action
-        q, hidden[g], _ = agents[g](t(obs.obs[g], device)[None], hidden[g])
+        q, hidden[g], _ = agents[g](float_tensor(obs.obs[g], device)[None], hidden[g])
         q = q[0] if avail is None else q[0].masked_fill(~torch.as_tensor(avail, device=device), -torch.inf)
         actions[g] = np.where(rng.random(shape[:2]) < epsilon, uniform, q.argmax(-1).cpu().numpy())
     return actions
@@ -276,10 +276,6 @@ def main(args):
 
 
 # --- what the loop calls: the QTRAN update ---
-
-
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
 def group_outputs(agents, mb):

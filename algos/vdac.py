@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributions import Categorical
 
-from buffers import RolloutBuffer, team_fields, team_step, to_torch
+from buffers import RolloutBuffer, float_tensor, team_fields, team_step, to_torch
 from runtime import (
     InputNorm,
     MakePolicy,
@@ -160,15 +160,15 @@ def act(vdac, obs, device, greedy=False):
         actions[g] = a.cpu().numpy()
         local.append(v)
     logprobs = {g: lp.cpu().numpy() for g, lp in logprobs.items()}
-    alive = t(np.concatenate([obs.agent_mask[g] for g in vdac.agents], 1), device)
-    return actions, logprobs, vdac.v_tot(torch.cat(local, -1), t(obs.state, device), alive).cpu().numpy()
+    alive = float_tensor(np.concatenate([obs.agent_mask[g] for g in vdac.agents], 1), device)
+    return actions, logprobs, vdac.v_tot(torch.cat(local, -1), float_tensor(obs.state, device), alive).cpu().numpy()
 
 
 def group_act(agents, obs, g, device, greedy=False):
     """Group g's actions, their log-probabilities and the agents' local values (torch)."""
     avail = obs.avail_actions.get(g)
-    logits, v = agents(t(obs.obs[g], device))
-    d = dist(logits, None if avail is None else t(avail, device))
+    logits, v = agents(float_tensor(obs.obs[g], device))
+    d = dist(logits, None if avail is None else float_tensor(avail, device))
     a = d.probs.argmax(-1) if greedy else d.sample()
     return a, d.log_prob(a), v
 
@@ -271,10 +271,6 @@ def main(args):
 
 
 # --- what the loop calls: two small helpers, the rollout declaration and the VDAC update ---
-
-
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
 
 
 def masked_mean(mask, x):

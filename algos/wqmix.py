@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from buffers import EpisodeReplayBuffer, agent_views, team_fields, team_step, to_torch
+from buffers import EpisodeReplayBuffer, agent_views, float_tensor, team_fields, team_step, to_torch
 from buffers.kernels import nstep_returns, td_lambda
 from runtime import (
     MakePolicy,
@@ -190,7 +190,7 @@ def act(agents, groups, obs, hidden, epsilon, rng, device):
         avail = obs.avail_actions.get(g)  # (E, A, n) or None
         shape = (*obs.agent_mask[g].shape, spec.action_dim)
         uniform = np.argmax(rng.random(shape) * (1 if avail is None else avail), -1)  # a random available action
-        q, hidden[g] = agents[g](t(obs.obs[g], device)[None], hidden[g])
+        q, hidden[g] = agents[g](float_tensor(obs.obs[g], device)[None], hidden[g])
         q = q[0] if avail is None else q[0].masked_fill(~torch.as_tensor(avail, device=device), -torch.inf)
         actions[g] = np.where(rng.random(shape[:2]) < epsilon, uniform, q.argmax(-1).cpu().numpy())
     return actions
@@ -309,10 +309,6 @@ def main(args):
 # --- what the loop calls: the weighted QMIX update ---
 
 
-def t(x, device):
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
-
-
 def td_targets(batch, next_values, args):
     """n-step or TD(lambda) targets (T, B) of the team's steps, by the compiled kernels over numpy arrays."""
     rewards, terminated = batch["reward"][:-1], batch["terminated"][:-1]
@@ -357,7 +353,7 @@ def update(wqmix, target, optimizer, rb, args, device, rng, beta):
     # TARGETS: TD(lambda) (or n-step) over the target Q* of QMIX's greedy joint action at the next steps
     with torch.no_grad():
         greedy_q_star = target.central_mixer(torch.cat(central_greedy, -1), mb["state"])  # (L + 1, B)
-        targets = t(td_targets(batch, greedy_q_star[1:], args), device)
+        targets = float_tensor(td_targets(batch, greedy_q_star[1:], args), device)
     td = q_tot - targets
     w = qmix_weights(td.detach(), targets, greedy_q_star[:-1], torch.cat(is_greedy, -1).all(-1), args)
     weights = mb["weights"][None] if args.prioritized else 1.0  # importance sampling of prioritized episodes

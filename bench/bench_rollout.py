@@ -25,7 +25,7 @@ from bench_update import MATCHED
 from host import cpu_name
 
 import envs
-from buffers import RolloutBuffer
+from buffers import RolloutBuffer, float_tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -58,12 +58,12 @@ def measure(iterations):
             with torch.inference_mode():  # as the script acts
                 actions, taken = m.act({g: pol}, obs, "cpu", h_actor)
                 t1 = time.perf_counter()
-                values, h_critic = pol.value(m.t(obs.obs[g], "cpu"), h_critic)
+                values, h_critic = pol.value(float_tensor(obs.obs[g], "cpu"), h_critic)
             t2 = time.perf_counter()
             step = env.step(actions)
             t3 = time.perf_counter()
             with torch.inference_mode():  # as the script acts
-                final = pol.value(m.t(step.final.obs[g], "cpu"))[0] if step.truncated.any() else 0 * values
+                final = pol.value(float_tensor(step.final.obs[g], "cpu"))[0] if step.truncated.any() else 0 * values
             t4 = time.perf_counter()
             rb.add(obs=obs.obs[g], **taken[g], values=values, rewards=step.rewards[g], terminated=step.terminated[g],
                    truncated=step.truncated, final_values=final, agent_mask=obs.agent_mask[g])  # fmt: skip
@@ -73,7 +73,7 @@ def measure(iterations):
                 spent[k] += dt
         rollout = time.perf_counter() - start
         with torch.no_grad():
-            rb.compute_gae(pol.value(m.t(obs.obs[g], "cpu"))[0], args.gamma, args.gae_lambda)
+            rb.compute_gae(pol.value(float_tensor(obs.obs[g], "cpu"))[0], args.gamma, args.gae_lambda)
         t0 = time.perf_counter()
         m.update(pol, opt, rb, args, "cpu", rng)
         update = time.perf_counter() - t0

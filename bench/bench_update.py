@@ -39,7 +39,7 @@ from host import cpu_name
 from torch.profiler import ProfilerActivity, profile
 
 import envs
-from buffers import ReplayBuffer, RolloutBuffer, joint_fields, joint_transition, to_torch
+from buffers import ReplayBuffer, RolloutBuffer, float_tensor, joint_fields, joint_transition, to_torch
 from runtime import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,11 +73,11 @@ def filled_rollout(algo, m, seed=0, **flags):
     if algo == "mappo":  # centralized critic on the global state
         pol = m.Policy(spec, int(np.prod(env.state_shape)), args)
         rb = RolloutBuffer(args.num_steps, args.num_envs, m.rollout_fields(spec, env.state_shape, args))
-        critic_input = lambda o: m.t(o.state, "cpu")  # noqa: E731
+        critic_input = lambda o: float_tensor(o.state, "cpu")  # noqa: E731
     else:  # IPPO: each agent's critic on its own observation
         pol = m.Policy(spec, args)
         rb = RolloutBuffer(args.num_steps, args.num_envs, m.rollout_fields(spec, args))
-        critic_input = lambda o: m.t(o.obs[g], "cpu")  # noqa: E731
+        critic_input = lambda o: float_tensor(o.obs[g], "cpu")  # noqa: E731
     rng, obs = np.random.default_rng(seed), env.reset()
     hidden = m.initial_hidden({g: pol}, args, args.num_envs, "cpu")
     with torch.no_grad():

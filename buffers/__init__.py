@@ -17,7 +17,7 @@ from buffers import kernels, reference
 from buffers.episode import EpisodeReplayBuffer, agent_views, team_fields, team_step
 from buffers.replay import Priorities, PrioritizedReplayBuffer, ReplayBuffer, joint_fields, joint_transition
 from buffers.rollout import RolloutBuffer
-from buffers.schema import BufferInputError, Schema, to_torch
+from buffers.schema import BufferInputError, Schema, float_tensor, to_torch
 from buffers.snapshot import Snapshot
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "MinTree",
     "BufferInputError",
     "Schema",
+    "float_tensor",
     "to_torch",
     "RolloutBuffer",
     "ReplayBuffer",

@@ -137,6 +137,14 @@ def _check_cast(name, arr, dtype):
         )
 
 
+def float_tensor(x, device="cpu"):
+    """One array from the env (observations, a state, action masks) as a float32 tensor on `device`: the acting path's
+    conversion, as `to_torch` is a sampled batch's."""
+    import torch
+
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32, device=device)
+
+
 def to_torch(batch, device="cpu"):
     """Convert a sampled batch (dict of numpy arrays) to torch tensors on `device`, in one place.
 

@@ -12,6 +12,7 @@ from buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
     RolloutBuffer,
+    float_tensor,
     joint_fields,
     joint_transition,
     kernels,
@@ -683,6 +684,12 @@ def test_to_torch_converts_dtypes_in_one_place():
     t = to_torch(batch)
     assert t["obs"].dtype == torch.float32 and t["mask"].dtype == torch.float32
     assert t["actions"].dtype == torch.int64 and t["mask"].tolist() == [1.0, 0.0]
+
+
+def test_float_tensor_makes_one_env_array_float32_on_the_device():
+    mask = float_tensor(np.array([[True, False]]), "cpu")  # an action mask, as the acting path passes it
+    obs = float_tensor([np.float64(0.5), 2], torch.device("cpu"))  # a list and float64 alike
+    assert mask.dtype == obs.dtype == torch.float32 and mask.tolist() == [[1.0, 0.0]] and obs.tolist() == [0.5, 2.0]
 
 
 def test_a_buffer_larger_than_the_machine_is_refused_in_one_line():
