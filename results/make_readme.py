@@ -24,7 +24,6 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
-import eval_final
 import numpy as np
 import tyro
 from collect import (
@@ -56,6 +55,9 @@ def load_results(out: Path) -> dict[str, list[dict]]:
             check_result(result)
         except ValueError as exc:
             raise SystemExit(f"error: {path}: {exc}") from None
+        if (protocol := result.get("evaluation_protocol") or "v1") != "v2":
+            raise SystemExit(f"error: {path}: made under evaluation protocol {protocol}, not v2 (its runs did not "
+                             "measure their final policy): rerun it with its sweep command to publish it")  # fmt: skip
         by_env.setdefault(result["env_id"], []).append(result)
     return {env: sorted(results, key=lambda r: r["algo"]) for env, results in sorted(by_env.items())}
 
@@ -285,19 +287,15 @@ def demote_headings(markdown: str, levels: int = 2) -> str:
     return "\n".join(lines)
 
 
-def seed_group_returns(result: dict) -> tuple[list[dict], str]:
-    """Each seed's return per group, and what they are: the final policy's (protocol v2, 1000 fixed episodes) where
-    every seed has it, else the last periodic evaluation's."""
-    finals = [(p.get("final_policy") or {}).get("per_group") for p in result["per_seed"]]
-    if all(finals):
-        return finals, "final policy"
-    return [p.get("final_eval_return_by_group") or {} for p in result["per_seed"]], "last periodic evaluation"
+def seed_group_returns(result: dict) -> list[dict]:
+    """Each seed's final policy's return per group (1000 fixed episodes; none for a single-agent env)."""
+    return [p["final_policy"].get("per_group") or {} for p in result["per_seed"]]
 
 
 def competitive(results: list[dict]) -> bool:
     """Whether an env's groups get different returns (adversaries vs agents), not one shared reward (speaker and
     listener) or a single group."""
-    seeds = [by_group for r in results for by_group in seed_group_returns(r)[0]]
+    seeds = [by_group for r in results for by_group in seed_group_returns(r)]
     groups = {g for by_group in seeds for g in by_group}
     return len(groups) > 1 and any(len(set(by_group.values())) > 1 for by_group in seeds)
 
@@ -319,18 +317,18 @@ def group_table(results: list[dict]) -> list[str]:
         return []
     per_seed = {r["algo"]: seed_group_returns(r) for r in results}
     frozen_groups = {r["algo"]: ", ".join(r["config"].get("random_groups") or []) for r in results}
-    groups = group_names(seeds for seeds, _ in per_seed.values())
+    groups = group_names(per_seed.values())
     lines = [
-        "Per group (each group's return, mean ± std over seeds: the final policy's where the row has one, else the "
-        "last periodic evaluation's; all groups learn, except those a row names as frozen to a random policy):",
+        "Per group (each group's final policy's return, mean ± std over seeds; all groups learn, except those a row "
+        "names as frozen to a random policy):",
         "",
-        "| algorithm | " + " | ".join(f"`{g}`" for g in groups) + " | of |",
-        "|---|" + "---|" * (len(groups) + 1),
+        "| algorithm | " + " | ".join(f"`{g}`" for g in groups) + " |",
+        "|---|" + "---|" * len(groups),
     ]
-    for algo, (seeds, source) in per_seed.items():
+    for algo, seeds in per_seed.items():
         frozen = frozen_groups[algo]
         cells = [group_cell(seeds, g) for g in groups]
-        lines.append(f"| `{algo}`{f' (frozen: {frozen})' if frozen else ''} | " + " | ".join(cells) + f" | {source} |")
+        lines.append(f"| `{algo}`{f' (frozen: {frozen})' if frozen else ''} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
@@ -338,10 +336,9 @@ NO_COMM = "-nocomm"  # a variant of a communication script with its messages zer
 
 
 def message_worth_table(ours: dict[str, dict]) -> list[str]:
-    """What a communication script's messages are worth on a task: each v2 row `<row>-nocomm` beside its `<row>`,
+    """What a communication script's messages are worth on a task: each row `<row>-nocomm` beside its `<row>`,
     the difference of their final policies with a bootstrap interval over seeds (issue 43's comm minus no-comm)."""
     pairs = [(a[: -len(NO_COMM)], a) for a in sorted(ours) if a.endswith(NO_COMM) and a[: -len(NO_COMM)] in ours]
-    pairs = [(c, n) for c, n in pairs if all(ours[r].get("evaluation_protocol") == "v2" for r in (c, n))]
     if not pairs:
         return []
     lines = [
@@ -361,18 +358,11 @@ def message_worth_table(ours: dict[str, dict]) -> list[str]:
     return [*lines, ""]
 
 
-def final_policy_cell(entry: dict | None, result: dict) -> str:
-    """The headline: the final policies on the fixed episode set. Protocol v2 results carry it (final_eval.json of
-    every seed); for v1 results, eval_final.py's measurement, when every seed it measured is one of these runs."""
-    if result.get("evaluation_protocol") == "v2":
-        final = result["summary"]["final_policy"]
-        episodes = {p["final_policy"]["episodes"] for p in result["per_seed"]}
-        return f"**{fmt(final['mean'])} ± {fmt(final['std'])}** ({final['n']} seeds, {max(episodes)} ep. each)"
-    if not eval_final.matches(entry, result):
-        return "— (v1: not measured)"
-    summary = entry["summary"]
-    partial = f", {summary['n']} of {len(result['per_seed'])} seeds" if summary["n"] < len(result["per_seed"]) else ""
-    return f"{fmt(summary['mean'])} ± {fmt(summary['std'])} ({entry['episodes']} ep. per seed{partial})"
+def final_policy_cell(result: dict) -> str:
+    """The headline: the final policies on the fixed episode set (protocol v2: final_eval.json of every seed)."""
+    final = result["summary"]["final_policy"]
+    episodes = {p["final_policy"]["episodes"] for p in result["per_seed"]}
+    return f"**{fmt(final['mean'])} ± {fmt(final['std'])}** ({final['n']} seeds, {max(episodes)} ep. each)"
 
 
 # the overview's columns: issue 23's matrix first, then the scripts that joined it
@@ -413,10 +403,10 @@ MATRIX_COMMANDS = (  # the scripts that train each group apart run every task; o
 )
 
 
-def overview_cells(by_env: dict[str, list[dict]], finals: dict) -> tuple[list[str], dict, dict]:
+def overview_cells(by_env: dict[str, list[dict]]) -> tuple[list[str], dict, dict]:
     """The overview's algorithms, its rows ({env: {algo: result or None}}: the matrix row <algo>-3m where there is one,
-    else the script's own row) and its numbers ({env: {algo: (mean, std, budget label, tags)}}, None where a result
-    has no final-policy measurement); tags: "v1", "stale"."""
+    else the script's own row) and its numbers ({env: {algo: (final-policy mean, std, budget label, tags) or None}});
+    tags: "stale"."""
     mpe = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if env.startswith("simple")}
     pick = {
         env: {a: rows.get(f"{a}-{MATRIX_VARIANT}") or rows.get(a) for a in MATRIX_ORDER} for env, rows in mpe.items()
@@ -429,11 +419,8 @@ def overview_cells(by_env: dict[str, list[dict]], finals: dict) -> tuple[list[st
             result, cell = rows[algo], None
             if result is not None:
                 steps, stale = fmt_steps(result["total_timesteps"]), ("stale",) if config_drift(result) else ()
-                if result.get("evaluation_protocol") == "v2":
-                    final = result["summary"]["final_policy"]
-                    cell = (final["mean"], final["std"], steps, stale)
-                elif eval_final.matches(entry := finals.get(f"{env_id}/{result['algo']}"), result):
-                    cell = (entry["summary"]["mean"], entry["summary"]["std"], steps, ("v1", *stale))
+                final = result["summary"]["final_policy"]
+                cell = (final["mean"], final["std"], steps, stale)
             numbers[env_id][algo] = cell
     return algos, pick, numbers
 
@@ -478,7 +465,7 @@ def plot_overview(algos: list[str], numbers: dict, path: Path) -> bool:
         ax.set_xticks(range(len(algos)), algos, fontsize=8, rotation=30, ha="right")
         ax.set_yticks(range(len(tasks)), [t.removesuffix("_v3").removesuffix("_v4") for t in tasks], fontsize=8)
         ax.set_title("Cooperative MPE: final policy (mean over seeds, 3M steps unless marked)\ncolour: from the "
-                     "task's worst cell (dark) to its best (yellow); hatched: another budget; *: v1 or stale",
+                     "task's worst cell (dark) to its best (yellow); hatched: another budget; *: stale",
                      fontsize=9)  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png", metadata={"Software": None})
@@ -493,7 +480,7 @@ def overview_table(cells: tuple[list[str], dict, dict], crossplay: bool = False,
     if not algos:
         return []
     lines = ["## MPE at a glance", "",
-             "Final policies (protocol v2 unless marked v1), mean ± std over seeds, and the budget each cell was "
+             "Final policies (protocol v2), mean ± std over seeds, and the budget each cell was "
              f"trained for: compare cells of equal budget. A cell is the matrix's row (`<algo>-{MATRIX_VARIANT}`, "
              "every script at its defaults, 3 seeds x 3M steps) where there is one, else the script's own row. "
              "Variants are in the task sections below; \"stale\": made with older defaults of its script (its section "
@@ -503,14 +490,12 @@ def overview_table(cells: tuple[list[str], dict, dict], crossplay: bool = False,
     if plot:
         lines += [f"![cooperative MPE tasks at a glance]({plot})", ""]
     lines += ["| task | " + " | ".join(f"`{a}`" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]
-    for env_id, rows in sorted(pick.items()):
+    for env_id in sorted(pick):
         cells = []
         for algo in algos:
             cell = numbers[env_id][algo]
-            if rows[algo] is None:
+            if cell is None:
                 cells.append("—")
-            elif cell is None:
-                cells.append("— (v1)")
             else:
                 mean, std, steps, tags = cell
                 cells.append(f"{fmt(mean)} ± {fmt(std)} ({', '.join((steps, *tags))})")
@@ -525,10 +510,9 @@ def overview_table(cells: tuple[list[str], dict, dict], crossplay: bool = False,
               "| task | group | " + " | ".join(f"`{a}`" for a in algos) + " |",
               "|---" * (len(algos) + 2) + "|"]  # fmt: skip
     for env_id, rows in contests.items():
-        returns = {a: seed_group_returns(rows[a]) if rows[a] else ([], "") for a in algos}
-        for group in group_names(seeds for seeds, _ in returns.values()):
-            mark = {"last periodic evaluation": " (last periodic eval.)"}
-            cells = [group_cell(seeds, group) + mark.get(source, "") for seeds, source in returns.values()]
+        returns = {a: seed_group_returns(rows[a]) if rows[a] else [] for a in algos}
+        for group in group_names(returns.values()):
+            cells = [group_cell(seeds, group) for seeds in returns.values()]
             lines.append(f"| {env_id} | `{group}` | " + " | ".join(cells) + " |")
     if crossplay:
         lines += ["", "A group's return here is its script's own equilibrium; whose team is better is settled by "
@@ -536,15 +520,11 @@ def overview_table(cells: tuple[list[str], dict, dict], crossplay: bool = False,
     return [*lines, ""]
 
 
-def env_section(
-    env_id: str, results: list[dict], references: list[dict], notes: list[tuple], finals: dict | None = None
-) -> list[str]:
+def env_section(env_id: str, results: list[dict], references: list[dict], notes: list[tuple]) -> list[str]:
     """The Markdown of one environment: results table, reference notes, curves, run details.
 
-    ``notes`` collects the (source, protocol) pairs cited so far, numbered across the whole page; ``finals`` is
-    results/final_policies.json (eval_final.py).
+    ``notes`` collects the (source, protocol) pairs cited so far, numbered across the whole page.
     """
-    finals = finals or {}
     refs = {ref["algo"]: ref for ref in references if ref["env_id"] == env_id}
     ours = {result["algo"]: result for result in results}
     # a reference also stands beside those of our variants it lists (same setting, another cadence or batch)
@@ -556,16 +536,15 @@ def env_section(
         "|---|---|---|---|---|---|---|",
     ]
     drift = {algo: config_drift(result) for algo, result in ours.items()}
-    old = [algo for algo, result in ours.items() if result.get("evaluation_protocol") != "v2"]
     for algo in sorted(set(ours) | set(refs)):
-        marks = (" (stale)" if drift.get(algo) else "") + (" (v1)" if algo in old else "")
+        marks = " (stale)" if drift.get(algo) else ""
         marks += " (env kwargs)" if algo in ours and env_kwargs_of(ours[algo]) else ""
         cells = [f"`{algo}`{marks}", "—", "not run yet", "—", "—", "—", "—"]
         if algo in ours:
             result = ours[algo]
             final, best = result["summary"]["final_eval_return"], result["summary"]["best_eval_return"]
             low, high = final["iqm_ci95"]
-            cells[1] = final_policy_cell(finals.get(f"{env_id}/{algo}"), result)
+            cells[1] = final_policy_cell(result)
             cells[2] = f"{fmt(final['mean'])} ± {fmt(final['std'])} ({final['n']} seeds)"
             cells[3] = f"{fmt(final['iqm'])} [{fmt(low)}, {fmt(high)}]"
             cells[4] = fmt(best["mean"]) if best else "—"
@@ -577,8 +556,6 @@ def env_section(
             cells[5] = reference_cell(ref, notes.index(source) + 1, brief=algo not in refs)
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    if old:
-        lines += [f"(v1): made under evaluation protocol v1: {V1_NOTE}", ""]
     for algo, result in sorted(ours.items()):
         if kwargs := env_kwargs_of(result):
             lines += [
@@ -639,15 +616,7 @@ FINAL_POLICY_PROTOCOL = (
     "evaluation protocol v2: at the end of every run the script plays its final policy greedily on"
     " the standard env over a fixed set of 1000 episodes (env i seeded 10000 + i), the same for every algorithm and"
     " seed, so rows compare pairwise (final_eval.json in the run dir); the cell is the mean ± std over seeds of the"
-    " per-seed means. Rows marked (v1) were made before: `python results/eval_final.py` measured the same 1000"
-    " episodes from each seed's last.pt afterwards (results/final_policies.json; shown only while it describes"
-    " exactly the row's runs)."
-)
-V1_NOTE = (
-    "its periodic evaluations replayed the same 10 episodes every time (env i of seed s seeded s + 10000 + i, so"
-    " seeds 0-4 shared 14 start configurations, whose luck the periodic columns carry), and the run did not measure"
-    " its final policy: the final-policy cell was measured afterwards by results/eval_final.py (each seed's last.pt"
-    " on the same 1000 episodes as v2), or says not measured. Rerun the row to bring it to v2."
+    " per-seed means."
 )
 
 
@@ -655,11 +624,10 @@ def render(
     out: Path,
     by_env: dict[str, list[dict]],
     references: list[dict],
-    finals: dict | None = None,
     plot: bool = False,
     cells: tuple | None = None,
 ) -> str:
-    """The whole README as a string; ``finals``: results/final_policies.json; ``plot``: the overview's heatmap was
+    """The whole README as a string; ``plot``: the overview's heatmap was
     drawn (shown above its table); ``cells``: the overview's, if already computed (overview_cells())."""
     lines = [
         "# Results",
@@ -696,11 +664,11 @@ def render(
     if not envs:
         lines += ["No results yet.", ""]
     crossplays = sorted(Path(out).glob("*/crossplay.md"))
-    cells = cells or overview_cells(by_env, finals or {})
+    cells = cells or overview_cells(by_env)
     lines += overview_table(cells, bool(crossplays), OVERVIEW_NAME if plot else "")
     notes: list[tuple] = []
     for env_id in envs:
-        lines += env_section(env_id, by_env.get(env_id, []), references, notes, finals)
+        lines += env_section(env_id, by_env.get(env_id, []), references, notes)
         if links := note_links(Path(out) / env_id):  # screens and diagnoses written beside the results: linked
             lines += [f"Notes on {env_id} (protocols, screens and diagnoses beside the rows above): {links}.", ""]
     tournaments = sorted(Path(out).glob("*/tournament.md"))
@@ -742,12 +710,11 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
     for env_id, results in by_env.items():
         plot_curves(env_id, results, out / env_id / CURVES_NAME, references)
     readme = out / "README.md"
-    finals = read_json(out / eval_final.OUTPUT_NAME) or {}
-    cells = overview_cells(by_env, finals)
+    cells = overview_cells(by_env)
     plot = plot_overview(cells[0], cells[2], out / OVERVIEW_NAME)
     if not plot:
         (out / OVERVIEW_NAME).unlink(missing_ok=True)
-    readme.write_text(render(out, by_env, references, finals, plot, cells))
+    readme.write_text(render(out, by_env, references, plot, cells))
     return readme
 
 

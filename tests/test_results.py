@@ -63,6 +63,11 @@ def expected_seed(algo: str, seed: int) -> tuple[float, float]:
     return float(np.mean(values[-10:])), max(values)
 
 
+def expected_final(algo: str, seed: int) -> float:
+    """A fake run's final policy's return (final_eval.json), from its formula."""
+    return _fake.final_policy_return(TOTAL, TOTAL, seed, *FAKE_CURVES[algo])
+
+
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory):
     """One local sweep: 2 fake algorithms x 2 seeds, 2 workers, an extra flag."""
@@ -321,10 +326,11 @@ def test_readme_and_png_regenerate_byte_identical(local_sweep, tmp_path):
     readme, png = outputs[0]
     assert png.startswith(b"\x89PNG") and b"Software" not in png
     text = readme.decode()
-    finals = [expected_seed("fake_a", s)[0] for s in (0, 1)]
+    finals = [expected_final("fake_a", s) for s in (0, 1)]
+    periodic = [expected_seed("fake_a", s)[0] for s in (0, 1)]
     assert (
-        f"| `fake_a` (v1) | — (v1: not measured) | {np.mean(finals):.2f} ± {np.std(finals, ddof=1):.2f} (2 seeds) |"
-        in text
+        f"| `fake_a` | **{np.mean(finals):.2f} ± {np.std(finals, ddof=1):.2f}** (2 seeds, 2 ep. each) | "
+        f"{np.mean(periodic):.2f} ± {np.std(periodic, ddof=1):.2f} (2 seeds) |" in text
     )
     assert "| `mappo-continuous` | — | not run yet |" in text and "-11.63 ± 1.50" in text
     assert "XuanCe benchmark table" in text
@@ -415,7 +421,7 @@ def test_a_reference_stands_beside_the_variants_it_lists_and_only_those(tmp_path
     rows = {}  # the results table's row of each algorithm (the first: the run details repeat the names)
     for line in make_readme.generate(out).read_text().splitlines():
         if line.startswith("| `"):
-            rows.setdefault(line.split(" |")[0].removesuffix(" (v1)"), line)
+            rows.setdefault(line.split(" |")[0], line)
     assert "-9.62 ± 0.28 (10M steps, best -6.35, continuous actions" in rows["| `maddpg`"]  # its own row: the note
     assert "| -9.62 ± 0.28 (10M steps, best -6.35) [1] |" in rows["| `maddpg-tf128`"]  # a listed variant: brief
     assert "-9.62" not in rows["| `maddpg-discrete`"]  # another action space: not listed
@@ -428,30 +434,22 @@ def test_competing_groups_get_a_per_group_table(tmp_path):
         (out / env).mkdir(parents=True)
         shutil.copy(RESULTS / env / "mappo.json", out / env)
     result = json.loads((out / "simple_adversary_v3" / "mappo.json").read_text())
-    for p in result["per_seed"]:  # a v1 row first: the last periodic evaluation's per-group returns
-        p.pop("final_policy", None)
-    result["summary"].pop("final_policy", None)
-    result.pop("evaluation_protocol", None)
+    finals = (-30.0, -32.0, -34.0, -32.0, -32.0)  # the final policies' per-group returns, not the periodic ones
+    for p, final in zip(result["per_seed"], finals, strict=True):
+        p["final_policy"]["per_group"] = {"adversary": final, "agent": 5.0}
+        p["final_eval_return_by_group"] = {"adversary": 0.0, "agent": 0.0}
     (out / "simple_adversary_v3" / "mappo.json").write_text(json.dumps(result))
-    groups = [p["final_eval_return_by_group"] for p in result["per_seed"]]
-    adversary = [g["adversary"] for g in groups]
     text = make_readme.generate(out).read_text()
     adversary_section, listener_section = text.split("## simple_speaker_listener_v4")
     assert "| algorithm | `adversary` | `agent` |" in adversary_section
-    assert f"| `mappo` | {np.mean(adversary):.2f} ± {np.std(adversary, ddof=1):.2f} |" in adversary_section
+    assert "| `mappo` | -32.00 ± 1.41 | 5.00 ± 0.00 |" in adversary_section
     assert "Per group" not in listener_section  # a shared reward: the groups' returns are the same numbers
     overview = text.split("## MPE at a glance")[1].split("\n## ")[0]  # the team mean mixes opponents: per group too
-    assert f"| simple_adversary_v3 | `adversary` | {np.mean(adversary):.2f} ± " in overview
+    assert "| simple_adversary_v3 | `adversary` | -32.00 ± 1.41 |" in overview
     assert "simple_speaker_listener_v4 | `" not in overview
-    finals = (-30.0, -32.0, -34.0, -32.0, -32.0)  # v2 rows: the final policy's per-group returns, not the periodic
-    for p, final in zip(result["per_seed"], finals, strict=True):
-        p["final_policy"] = {"mean": 0.0, "std": 1.0, "episodes": 1000, "protocol": "v2",
-                             "per_group": {"adversary": final, "agent": 5.0}}  # fmt: skip
     result["config"]["random_groups"] = ["adversary"]
     (out / "simple_adversary_v3" / "mappo.json").write_text(json.dumps(result))
-    text = make_readme.generate(out).read_text()
-    assert "| `mappo` (frozen: adversary) | -32.00 ± 1.41 | 5.00 ± 0.00 | final policy |" in text
-    assert "| simple_adversary_v3 | `adversary` | -32.00 ± 1.41 |" in text
+    assert "| `mappo` (frozen: adversary) | -32.00 ± 1.41 | 5.00 ± 0.00 |" in make_readme.generate(out).read_text()
 
 
 def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
@@ -779,129 +777,45 @@ def test_ray_sweep_matches_the_local_one(local_sweep, tmp_path):
         assert record["status"] == "ok" and "node" in record and "--ray" in record["sweep_command"]
 
 
-def test_eval_final_measures_each_seeds_last_checkpoint_and_the_readme_shows_it(local_sweep, tmp_path, capsys):
-    import eval_final
-
-    out = tmp_path / "results"
-    shutil.copytree(local_sweep[0], out)
-    assert eval_final.main(["--out", str(out), "--episodes", "7"]) == 0
-    finals = json.loads((out / "final_policies.json").read_text())
-    assert sorted(finals) == ["env_x/fake_a", "env_x/fake_b"]
-    entry = finals["env_x/fake_a"]
-    # the fakes' last.pt holds the last evaluation; their --eval-checkpoint reports it minus 1
-    means = [_fake.eval_return(TOTAL, TOTAL, s, *FAKE_CURVES["fake_a"]) - 1.0 for s in (0, 1)]
-    assert [r["mean"] for r in entry["per_seed"]] == pytest.approx(means)
-    assert entry["episodes"] == 7 and entry["summary"]["n"] == 2
-    assert entry["summary"]["mean"] == pytest.approx(np.mean(means))
-    command = entry["per_seed"][1]["command"]
-    assert "--eval-checkpoint" in command and "--eval-episodes 7" in command and command.endswith("--seed 0")
-    assert "--num-envs 4" in command and "--run-dir" not in command and "--total-timesteps" not in command
-    cell = f"| {np.mean(means):.2f} ± {np.std(means, ddof=1):.2f} (7 ep. per seed) |"
-    assert cell in make_readme.generate(out).read_text()
-
-    before = (out / "final_policies.json").read_bytes()
-    assert eval_final.main(["--out", str(out), "--episodes", "7"]) == 0  # nothing new: nothing redone
-    assert "already evaluated" in capsys.readouterr().out
-    assert (out / "final_policies.json").read_bytes() == before
-
-    # A newer sweep into seed 1's directory: that seed is refused by name, the other one still counts.
-    record_path = collect.run_dir_for(out, "env_x", "fake_a", 1) / collect.RECORD_NAME
-    record = json.loads(record_path.read_text())
-    record_path.write_text(json.dumps(record | {"commit": "0" * 40}))
-    assert eval_final.main(["--out", str(out), "--episodes", "7", "--algos", "fake_a", "--force"]) == 1
-    assert "no longer holds the run of this result" in capsys.readouterr().out
-    assert f"| {means[0]:.2f} ± 0.00 (7 ep. per seed, 1 of 2 seeds) |" in make_readme.generate(out).read_text()
-    (collect.run_dir_for(out, "env_x", "fake_b", 0) / collect.RECORD_NAME).unlink()  # runs made on another machine
-    assert eval_final.main(["--out", str(out), "--episodes", "7", "--algos", "fake_b", "--force"]) == 1
-    assert "run.json is missing: the runs of this result are not on this machine" in capsys.readouterr().out
-    # The result file itself remade from other runs: the stored measurement no longer describes the row.
-    result = load(out, "fake_a")
-    result["per_seed"][0]["commit"] = "1" * 40
-    (out / "env_x" / "fake_a.json").write_text(json.dumps(result))
-    readme = make_readme.generate(out).read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| `fake_a` (v1) |"))
-    assert row.split(" | ")[1] == "— (v1: not measured)"
-
-
-def test_eval_final_parses_the_line_every_script_prints():
-    import eval_final
-
-    source = (ROOT / "runtime" / "evaluation.py").read_text()  # every script's --eval-checkpoint prints this line
-    assert 'f"{len(returns)} greedy episodes"' in source
-    line = "simple_spread_v3 mappo runs/x/last.pt: episodic return -9.75 ± 3.21 over 500 greedy episodes; per group "
-    parsed = eval_final.parse_line(line + "{'agent': -9.749964955851022}\n")
-    assert parsed == {"mean": -9.749964955851022, "std": 3.21, "episodes": 500, "per_group": {"agent": parsed["mean"]}}
-    two = eval_final.parse_line(line + "{'adversary': -20.5, 'agent': 14.25}")
-    assert two["mean"] == -9.75 and two["per_group"] == {"adversary": -20.5, "agent": 14.25}
-    single_agent = "CartPole-v1 dqn x.pt: episodic return 500.00 ± 0.00 over 3 greedy episodes"
-    assert eval_final.parse_line(single_agent) == {"mean": 500.0, "std": 0.0, "episodes": 3}
-    with pytest.raises(ValueError, match="no 'episodic return"):
-        eval_final.parse_line("error: checkpoint x.pt is unreadable")
-    command = "python algos/maddpg.py --env-id simple_spread_v3 --seed 3 --total-timesteps=10 --run-dir r/s3 --track "
-    command += "--eval-episodes 5 --tau 0.01 --capture-video"
-    argv = eval_final.eval_command(command, ROOT / "results" / "runs" / "s3" / "last.pt", 50)
-    assert argv[1:] == ["algos/maddpg.py", "--env-id", "simple_spread_v3", "--tau", "0.01", "--eval-checkpoint",
-                        "results/runs/s3/last.pt", "--eval-episodes", "50", "--seed", "0"]  # fmt: skip
-
-
-def test_the_published_final_policy_measurements_describe_the_published_results():
-    """results/final_policies.json: each entry belongs to a result file's runs and its summary is its seeds' mean."""
-    import eval_final
-
-    finals = collect.read_json(RESULTS / eval_final.OUTPUT_NAME) or {}
-    for key, entry in finals.items():
-        env_id, algo = key.split("/")
-        result = collect.read_json(RESULTS / env_id / f"{algo}.json")
-        assert result is not None, f"{key}: no result file {env_id}/{algo}.json"
-        means = [row["mean"] for row in entry["per_seed"] if "mean" in row]
-        assert entry["summary"]["n"] == len(means) and entry["summary"]["mean"] == pytest.approx(np.mean(means))
-        for row in entry["per_seed"]:
-            assert "mean" in row or "error" in row, key
-            if "mean" in row:
-                assert row["episodes"] == entry["episodes"] and "--eval-checkpoint" in row["command"], key
-
-
 def test_protocol_v2_final_evaluations_are_collected_and_are_the_readme_headline(local_sweep, tmp_path):
     src, _, _ = local_sweep
     out = tmp_path / "results"
     shutil.copytree(src, out)
-    means = {}
-    for seed in (0, 1):  # what runtime.Run.finish writes at the end of every run
-        returns = [-9.0 - seed, -11.0 - seed]
-        means[seed] = float(np.mean(returns))
-        final = dict(protocol="v2", episodes=2, seed=10_000, global_step=1000, mean=means[seed],
-                     std=float(np.std(returns)), returns=returns, per_group={"agent": means[seed]})  # fmt: skip
-        (out / "runs" / "env_x" / "fake_a" / f"seed{seed}" / "final_eval.json").write_text(json.dumps(final))
-    assert collect.main(["--out", str(out)]) == 0
-    a, b = load(out, "fake_a"), load(out, "fake_b")
+    a = load(out, "fake_a")
     collect.check_result(a)
-    assert a["evaluation_protocol"] == "v2" and b["evaluation_protocol"] == "v1"  # fake_b's runs have none
-    assert [p["final_policy"]["mean"] for p in a["per_seed"]] == [means[0], means[1]]
-    assert a["summary"]["final_policy"]["mean"] == pytest.approx(np.mean(list(means.values())))
-    assert "final_policy" not in b["summary"]
+    finals = [expected_final("fake_a", seed) for seed in (0, 1)]  # each run's final_eval.json (runtime.Run.finish)
+    assert a["evaluation_protocol"] == "v2" and [p["final_policy"]["mean"] for p in a["per_seed"]] == finals
+    assert a["summary"]["final_policy"]["mean"] == pytest.approx(np.mean(finals))
     text = make_readme.generate(out).read_text()
-    std = np.std(list(means.values()), ddof=1)
-    assert f"| `fake_a` | **{np.mean(list(means.values())):.2f} ± {std:.2f}** (2 seeds, 2 ep. each) |" in text
-    assert "| `fake_b` (v1) | — (v1: not measured) |" in text and "(v1): made under evaluation protocol v1" in text
-    assert "| `fake_a` (v1)" not in text
+    std = np.std(finals, ddof=1)
+    assert f"| `fake_a` | **{np.mean(finals):.2f} ± {std:.2f}** (2 seeds, 2 ep. each) |" in text
     header = next(line for line in text.splitlines() if line.startswith("| algorithm | "))
     assert header.split(" | ")[1].startswith("**final policy**")  # the headline: the first numeric column
-    # eval_final.py leaves a v2 result alone: its runs measured the same thing themselves
-    import eval_final
+    # a seed without final_eval.json (a run made before protocol v2): collected as v1, which is never published
+    (out / "runs" / "env_x" / "fake_b" / "seed1" / "final_eval.json").unlink()
+    assert collect.main(["--out", str(out)]) == 0
+    b = load(out, "fake_b")
+    assert b["evaluation_protocol"] == "v1" and "final_policy" not in b["summary"]
+    with pytest.raises(SystemExit, match=r"fake_b\.json: made under evaluation protocol v1, not v2 .* rerun it"):
+        make_readme.generate(out)
 
-    assert eval_final.main(["--out", str(out), "--algos", "fake_a"]) == 0
-    assert not (out / eval_final.OUTPUT_NAME).exists()
+
+def test_every_published_row_is_protocol_v2_and_the_readme_is_made_from_them(tmp_path):
+    paths = collect.result_paths(RESULTS)
+    assert len(paths) > 100  # the results root, not an empty folder
+    v1 = [str(p.relative_to(RESULTS)) for p in paths if json.loads(p.read_text()).get("evaluation_protocol") != "v2"]
+    assert v1 == [], f"rerun these under protocol v2 (their recorded sweep commands): {v1}"
+    make_readme.load_results(RESULTS)  # refuses a v1 row with the line that says so
 
 
 def test_the_readme_says_what_a_comm_scripts_messages_are_worth_with_an_interval():
-    def row(means, protocol="v2"):
-        return {"evaluation_protocol": protocol, "per_seed": [{"final_policy": {"mean": m}} for m in means]}
+    def row(means):
+        return {"evaluation_protocol": "v2", "per_seed": [{"final_policy": {"mean": m}} for m in means]}
 
     ours = {
         "commnet-3m": row([-10.0, -11.0, -12.0]),
         "commnet-3m-nocomm": row([-20.0, -21.0, -22.0]),
-        "ic3net-3m": row([-10.0, -11.0]),
-        "ic3net-3m-nocomm": row([-20.0, -21.0], protocol="v1"),  # no final policy to hold against
+        "ic3net-3m": row([-10.0, -11.0]),  # no row without messages beside it
         "tarmac-3m-nocomm": row([-20.0]),  # no row with messages beside it
     }
     lines = make_readme.message_worth_table(ours)

@@ -5,10 +5,10 @@ scalars (tensorboard's own event writer: no torch import, so tests stay fast) an
 evaluation return at a step is ``offset + slope * step / total_timesteps + 0.5 * seed``, logged
 at 20 evenly spaced steps; the tests recompute the expected numbers from this formula.
 
-A run also writes ``last.pt`` (JSON here, not torch) after every evaluation, with the evaluations done, and at
-the end with its final evaluation return; ``--resume DIR`` goes on after the evaluations that last.pt counts. With
-``--eval-checkpoint PATH`` a fake prints the line the real scripts print, "episodic return M ± S over N
-greedy episodes; per group {...}", with M = that return - 1.0 (a final policy measured on more episodes).
+A run also writes ``last.pt`` (JSON here, not torch) after every evaluation, with the evaluations done;
+``--resume DIR`` goes on after the evaluations that last.pt counts. At the end it writes ``final_eval.json`` as
+runtime.Run.finish does (evaluation protocol v2): its final policy's return is the last evaluation's minus 1.0, over
+two episodes (that - 0.5 and that + 0.5).
 
 With ``FAKE_LAUNCH_LOG`` set, every launch appends "algo env_id seed pid" to that file (and " resume" when
 resumed); ``FAKE_EVAL_SLEEP`` (seconds) slows each of the 20 evaluations, for tests of sweeps that overlap.
@@ -42,23 +42,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path)
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--num-envs", type=int, default=1)
-    parser.add_argument("--eval-checkpoint", type=Path)
-    parser.add_argument("--eval-episodes", type=int, default=10)
     args = parser.parse_args(argv)
     if args.resume is not None:
         args.run_dir = args.resume
-    if args.run_dir is None and args.eval_checkpoint is None:
+    if args.run_dir is None:
         parser.error("--run-dir is required")
     return args
 
 
-def eval_checkpoint(algo: str, args: argparse.Namespace) -> None:
-    """Print what a real script prints for --eval-checkpoint."""
-    final = json.loads(args.eval_checkpoint.read_text())["final_eval_return"] - 1.0
-    print(
-        f"{args.env_id} {algo} {args.eval_checkpoint}: episodic return {final:.2f} ± 0.50 over "
-        f"{args.eval_episodes} greedy episodes; per group {{'agent': {final!r}}}"
-    )
+def final_policy_return(step: int, total: int, seed: int, offset: float, slope: float) -> float:
+    """The fake final policy's return (its final_eval.json's mean): the last evaluation's minus 1.0."""
+    return eval_return(step, total, seed, offset, slope) - 1.0
 
 
 def write_checkpoint(run_dir, state: dict) -> None:
@@ -70,8 +64,6 @@ def write_checkpoint(run_dir, state: dict) -> None:
 def main(algo: str, offset: float, slope: float, fail_after: int | None = None, hang: bool = False) -> None:
     """Run the fake: fail (exit 3) after ``fail_after`` evaluations, or hang forever when asked."""
     args = parse_args()
-    if args.eval_checkpoint is not None:
-        return eval_checkpoint(algo, args)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if os.environ.get("FAKE_LAUNCH_LOG"):
         with open(os.environ["FAKE_LAUNCH_LOG"], "a") as f:
@@ -104,5 +96,9 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
     while hang:
         time.sleep(1)
     writer.close()
-    write_checkpoint(args.run_dir, {"evals": NUM_EVALS, "final_eval_return": value})
+    write_checkpoint(args.run_dir, {"evals": NUM_EVALS})
+    mean = final_policy_return(args.total_timesteps, args.total_timesteps, args.seed, offset, slope)
+    final = {"protocol": "v2", "episodes": 2, "seed": 10_000, "global_step": args.total_timesteps, "mean": mean,
+             "std": 0.5, "returns": [mean - 0.5, mean + 0.5], "per_group": {"agent": mean}}  # fmt: skip
+    (args.run_dir / "final_eval.json").write_text(json.dumps(final))
     (args.run_dir / "DONE").write_text("")
