@@ -404,6 +404,7 @@ def seed_metrics(run_dir: Path) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
         "num_evals": int(values.size),
         "last_eval_step": int(steps[-1]),
         "final_eval_return_by_group": by_group,
+        "evaluations": {"steps": steps.astype(int).tolist(), "returns": values.tolist()},  # EPyMARL's metrics need them
         "wall_time_s": float(wall_time),
         "sps": sps,
     }
@@ -650,6 +651,7 @@ RESULT_SCHEMA = {
             "num_evals": int,
             "last_eval_step": int,
             "final_eval_return_by_group": AnyDict(NUMBER),
+            "evaluations?": {"steps": [int], "returns": [NUMBER]},  # every periodic evaluation; older results lack it
             "wall_time_s": NUMBER,
             "sps": OPT_NUMBER,
             "log": Optional_(str),

@@ -358,6 +358,67 @@ def message_worth_table(ours: dict[str, dict]) -> list[str]:
     return [*lines, ""]
 
 
+# the EPyMARL benchmark's families (Papoudakis et al. 2021), by registry family: the task_kwargs key of the team's size
+BENCHMARK_FAMILIES = {"lbf": "players", "rware": "n_agents"}
+
+
+def team_size(env_id: str) -> int | None:
+    """The number of agents of an EPyMARL benchmark task (Level-Based Foraging, the Multi-Robot Warehouse); None for
+    any other env."""
+    from envs.registry import REGISTRY
+
+    entry = REGISTRY.get(env_id)
+    if entry is None or entry.family not in BENCHMARK_FAMILIES:
+        return None
+    return int(importlib.import_module(entry.module).task_kwargs(entry.task)[BENCHMARK_FAMILIES[entry.family]])
+
+
+def epymarl_metrics(result: dict) -> tuple[float, float, int] | None:
+    """EPyMARL's two figures of a row from its seeds' periodic evaluations: (maximum returns: the highest mean over
+    seeds of one evaluation; average returns: the mean over every evaluation of every seed; evaluations a seed).
+    None when a seed lacks its evaluations or the seeds evaluated at different steps."""
+    evaluations = [p.get("evaluations") for p in result["per_seed"]]
+    if not all(evaluations) or len({tuple(e["steps"]) for e in evaluations}) != 1:
+        return None
+    returns = np.array([e["returns"] for e in evaluations])  # (seeds, evaluations)
+    return float(returns.mean(0).max()), float(returns.mean()), returns.shape[1]
+
+
+def benchmark_table(env_id: str, ours: dict[str, dict]) -> list[str]:
+    """An EPyMARL benchmark task's rows in the benchmark's conventions: the team's total return per episode (the sum
+    over its agents, not the mean), and its maximum and average returns beside our final policy (issue 42)."""
+    size = team_size(env_id)
+    if size is None or not ours:
+        return []
+    lines = [
+        f"In the EPyMARL benchmark's conventions (Papoudakis et al. 2021): returns are the team's total per episode, "
+        f"the sum over its {size} agents ({size} x the mean over agents of the table above; exact, as every agent "
+        "acts to the end of the episode). Maximum returns: the highest mean over seeds of one periodic evaluation; "
+        "average returns: the mean of every periodic evaluation of every seed (EPyMARL's two figures; they select "
+        "over evaluations, so they sit above what a policy chosen in advance scores); the final policy, on the fixed "
+        "1000 episodes, is our headline.",
+        "",
+        "| algorithm | **final policy**, team total: mean ± std over seeds | maximum returns | average returns | "
+        "periodic evaluations a seed (every n steps) |",
+        "|---|---|---|---|---|",
+    ]
+    for algo, result in sorted(ours.items()):
+        finals = size * np.array([p["final_policy"]["mean"] for p in result["per_seed"]])
+        cells = [f"`{algo}`", f"**{fmt(finals.mean())} ± {fmt(sample_std(finals))}** ({finals.size} seeds)"]
+        if metrics := epymarl_metrics(result):
+            best, average, count = metrics
+            every = result["config"].get("eval_interval")
+            cells += [
+                fmt(size * best),
+                fmt(size * average),
+                f"{count}" + (f" (every {fmt_steps(every)})" if every else ""),
+            ]
+        else:
+            cells += ["—", "—", "— (not recorded, or at different steps between seeds)"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def final_policy_cell(result: dict) -> str:
     """The headline: the final policies on the fixed episode set (protocol v2: final_eval.json of every seed)."""
     final = result["summary"]["final_policy"]
@@ -565,6 +626,7 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
             ]
     lines += group_table(results)
     lines += message_worth_table(ours)
+    lines += benchmark_table(env_id, ours)
     for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
         source, protocol = notes[number - 1]
         lines += [f"[{number}] {source}. Protocol: {protocol}.", ""]

@@ -242,6 +242,10 @@ def test_local_sweep_collects_valid_results(local_sweep):
             assert entry["final_eval_return"] == approx6(final)
             assert entry["best_eval_return"] == approx6(best)
             assert entry["num_evals"] == 20 and entry["last_eval_step"] == TOTAL
+            evaluations = entry["evaluations"]  # every one, as logged: EPyMARL's metrics are computed from them
+            assert len(evaluations["steps"]) == len(evaluations["returns"]) == 20
+            assert evaluations["steps"][-1] == TOTAL and max(evaluations["returns"]) == approx6(best)
+            assert np.mean(evaluations["returns"][-collect.LAST_N_EVALS :]) == approx6(final)
             assert entry["final_eval_return_by_group"] == {"agent": approx6(final)}
             assert entry["sps"] == 1000.0 + 10 * entry["seed"] and entry["wall_time_s"] > 0
             assert entry["command"] == (
@@ -828,6 +832,35 @@ def test_the_readme_says_what_a_comm_scripts_messages_are_worth_with_an_interval
     assert make_readme.message_worth_table({"commnet-3m": row([-10.0])}) == []
     with pytest.raises(ValueError, match="at least one value on each side"):
         collect.difference_ci([], [1.0])
+
+
+def test_an_epymarl_benchmark_task_gets_the_benchmarks_team_totals_and_its_maximum_and_average_returns():
+    def row(evaluations, finals, steps=(50, 100, 150)):
+        pairs = zip(evaluations, finals, strict=True)
+        per_seed = [
+            {"final_policy": {"mean": f}, "evaluations": {"steps": list(steps), "returns": r}} for r, f in pairs
+        ]
+        return {"per_seed": per_seed, "config": {"eval_interval": 50}}
+
+    # two seeds, three evaluations each: the mean over seeds peaks at the second (0.35), the mean of all is 0.25
+    qmix = row([[0.1, 0.3, 0.2], [0.2, 0.4, 0.3]], [0.25, 0.35])
+    assert make_readme.team_size("Foraging-2s-10x10-3p-3f") == 3 and make_readme.team_size("rware-tiny-4ag") == 4
+    assert (
+        make_readme.team_size("simple_spread_v3") is None
+        and make_readme.benchmark_table("simple_v3", {"q": qmix}) == []
+    )
+    lines = make_readme.benchmark_table("Foraging-8x8-2p-2f-coop", {"qmix": qmix})
+    assert "the sum over its 2 agents" in lines[0]
+    rows = [line for line in lines if line.startswith("| `")]
+    # the team total: 2 agents x the mean over agents
+    assert rows == ["| `qmix` | **0.60 ± 0.14** (2 seeds) | 0.70 | 0.50 | 3 (every 50) |"]
+    # seeds that evaluated at other steps have no mean over seeds at an evaluation: no figure, said so
+    shifted = row([[0.1, 0.3, 0.2], [0.2, 0.4]], [0.25, 0.35])
+    shifted["per_seed"][1]["evaluations"]["steps"] = [50, 100]
+    assert make_readme.epymarl_metrics(shifted) is None
+    assert "at different steps" in make_readme.benchmark_table("rware-tiny-2ag", {"vdn": shifted})[-2]
+    del qmix["per_seed"][0]["evaluations"]  # collected before the evaluations were kept
+    assert make_readme.epymarl_metrics(qmix) is None
 
 
 def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
