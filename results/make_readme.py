@@ -394,9 +394,10 @@ def benchmark_table(env_id: str, ours: dict[str, dict]) -> list[str]:
         f"In the EPyMARL benchmark's conventions (Papoudakis et al. 2021): returns are the team's total per episode, "
         f"the sum over its {size} agents ({size} x the mean over agents of the table above; exact, as every agent "
         "acts to the end of the episode). Maximum returns: the highest mean over seeds of one periodic evaluation; "
-        "average returns: the mean of every periodic evaluation of every seed (EPyMARL's two figures; they select "
-        "over evaluations, so they sit above what a policy chosen in advance scores); the final policy, on the fixed "
-        "1000 episodes, is our headline.",
+        "average returns: the mean of every periodic evaluation of every seed, early ones included (EPyMARL's two "
+        "figures: the first picks the best evaluation after the fact, so it sits above what a policy chosen in "
+        "advance scores; the second measures how fast a row learns); the final policy, on the fixed 1000 episodes, "
+        "is our headline.",
         "",
         "| algorithm | **final policy**, team total: mean ± std over seeds | maximum returns | average returns | "
         "periodic evaluations a seed (every n steps) |",
