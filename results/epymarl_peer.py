@@ -1,0 +1,260 @@
+"""EPyMARL itself (uoe-agents/epymarl) on our protocol, as a row beside ours (issue 42, part 4).
+
+EPyMARL is not on PyPI and not our dependency: install it apart (results/epymarl_benchmark.md says how), then
+
+    python results/epymarl_peer.py --epymarl ~/epymarl --python ~/epymarl/.venv/bin/python --config qmix \\
+        --env-id Foraging-8x8-2p-2f-coop --seeds 3 --total-timesteps 2000000 --eval-interval 50000
+
+For each seed, EPyMARL's own `src/main.py` trains with its own config (`--config`, its `gymma` env on the package,
+its time limit, its periodic tests of `--eval-episodes` episodes every `--eval-interval` steps) and saves its final
+agent. This script then rebuilds that agent (EPyMARL's RNNAgent: fc1 and a ReLU, a GRUCell, or a Linear and a ReLU
+where the config has no RNN, fc2; fed the observation, the last action where the config says, and the agent's
+one-hot id) and plays it greedily on protocol v2's 1000 fixed episodes of the package (runtime/evaluation.py), as every
+script of ours ends. It writes the run directory that collect.py reads: EPyMARL's periodic tests as TensorBoard
+scalars, divided by the number of agents (EPyMARL logs the team's sum; our rows hold the mean over agents),
+final_eval.json, config.json and run.json. The row is `results/<env_id>/<config>-epymarl.json`.
+
+What differs from our runs, on purpose: EPyMARL's periodic tests play its own episodes, and sample the actions of its
+policy-gradient configs (its `soft_policies` selector); only the final policy is played on our fixed episodes.
+A stopped seed restarts from its beginning (EPyMARL resumes from a saved model, not its replay or optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from collect import (
+    CONFIG_NAME,
+    EVAL_TAG,
+    FINAL_EVAL_NAME,
+    LOG_NAME,
+    RECORD_NAME,
+    RESULTS_DIR,
+    SPS_TAG,
+    collect,
+    git_commit,
+    is_finished,
+    read_json,
+    run_dir_for,
+)
+from run import probe_hardware, probe_versions, utc_now
+
+ROOT = RESULTS_DIR.parent
+# EPyMARL's gymma env by the package's registered id, and the benchmark's time limit: per registry family
+PACKAGE_IDS = {"lbf": ("lbforaging:{}-v3", 50), "rware": ("rware:{}-v2", 500)}
+PER_SEED_CONFIG = {"seed", "local_results_path", "unique_token"}  # EPyMARL's keys that differ between seeds by design
+
+
+class EPyMARLAgent(nn.Module):
+    """EPyMARL's RNNAgent (src/modules/agents/rnn_agent.py), rebuilt from the state dict it saves as agent.th: its
+    shapes give the widths, and its keys whether the middle layer is a GRUCell (use_rnn) or a Linear."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        super().__init__()
+        hidden, d_in = state["fc1.weight"].shape
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.rnn = nn.GRUCell(hidden, hidden) if "rnn.weight_ih" in state else nn.Linear(hidden, hidden)
+        self.fc2 = nn.Linear(hidden, state["fc2.weight"].shape[0])
+        self.load_state_dict(state)
+
+    def forward(self, x, h):  # x (B, d_in), h (B, hidden) -> Q-values or logits (B, n_actions), h
+        x = F.relu(self.fc1(x))
+        h = self.rnn(x, h) if isinstance(self.rnn, nn.GRUCell) else F.relu(self.rnn(x))
+        return self.fc2(h), h
+
+
+def acting(agent: EPyMARLAgent, last_action: bool, agent_id: bool):
+    """The greedy policy of an EPyMARL agent in runtime/evaluation.py's form: make(num_envs, rng) -> act(obs, done).
+    Its inputs are EPyMARL's basic controller's: the observation, the last action's one-hot (zeros at an episode's
+    first step), the agent's one-hot id; the action is the argmax of its outputs (Q-values, or a policy's logits)."""
+    n_actions, hidden = agent.fc2.out_features, agent.fc1.out_features
+
+    def make(num_envs, rng):
+        state = {}
+
+        def act(obs, done):
+            (group,) = obs.obs  # one team: LBF's and RWARE's agents
+            x = torch.as_tensor(obs.obs[group], dtype=torch.float32).flatten(2)  # (E, A, d)
+            E, A = x.shape[:2]
+            if not state:
+                state.update(h=torch.zeros(E, A, hidden), last=torch.zeros(E, A, n_actions))
+            if done is not None:  # a finished env starts its next episode from scratch
+                state["h"][torch.as_tensor(done)] = 0.0
+                state["last"][torch.as_tensor(done)] = 0.0
+            parts = [x, state["last"]] if last_action else [x]
+            parts += [torch.eye(A).expand(E, A, A)] if agent_id else []
+            out, h = agent(torch.cat(parts, -1).reshape(E * A, -1), state["h"].reshape(E * A, hidden))
+            actions = out.reshape(E, A, n_actions).argmax(-1)
+            state["h"], state["last"] = h.reshape(E, A, hidden), F.one_hot(actions, n_actions).float()
+            return {group: actions.numpy()}
+
+        return act
+
+    return make
+
+
+def package_key(env_id: str) -> tuple[str, int]:
+    """EPyMARL's env key of a task (the package's registered id) and its time limit; a ValueError for other envs."""
+    from envs.registry import REGISTRY
+
+    entry = REGISTRY.get(env_id)
+    if entry is None or entry.family not in PACKAGE_IDS:
+        tasks = ", ".join(name for name, e in REGISTRY.items() if e.family in PACKAGE_IDS)
+        raise ValueError(f"{env_id!r} is not a task of the EPyMARL benchmark here; use one of: {tasks}")
+    key, limit = PACKAGE_IDS[entry.family]
+    return key.format(env_id), limit
+
+
+def sacred_run(epymarl: Path, config: str, key: str, seed: int, since: float) -> Path:
+    """The directory sacred wrote for this seed's run: EPyMARL's results/sacred/<config>/<key>/<id>/, the newest one
+    of this seed that started after `since` (sacred numbers runs by arrival, so two lanes may interleave)."""
+    candidates = []
+    for run_dir in (epymarl / "results" / "sacred" / config / key).glob("[0-9]*"):
+        run, cfg = read_json(run_dir / "run.json") or {}, read_json(run_dir / "config.json") or {}
+        if cfg.get("seed") == seed and run_dir.stat().st_mtime >= since and run.get("status") == "COMPLETED":
+            candidates.append((run_dir.stat().st_mtime, run_dir))
+    if not candidates:
+        raise RuntimeError(f"no completed sacred run of seed {seed} under {epymarl}/results/sacred/{config}/{key}")
+    return max(candidates)[1]
+
+
+def series(info: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A metric sacred logged: (steps, values); its values are jsonpickle'd numpy floats or plain numbers."""
+    values = [v["value"] if isinstance(v, dict) else v for v in info[name]]
+    return np.asarray(info[f"{name}_T"], dtype=np.int64), np.asarray(values, dtype=np.float64)
+
+
+def final_agent(run_dir: Path) -> tuple[Path, int]:
+    """The agent.th EPyMARL saved last (models/<token>/<t_env>/) and its t_env."""
+    saved = [(int(p.parent.name), p) for p in (run_dir / "epymarl" / "models").glob("*/*/agent.th")]
+    if not saved:
+        raise RuntimeError(f"EPyMARL saved no agent under {run_dir / 'epymarl' / 'models'}")
+    step, path = max(saved)
+    return path, step
+
+
+def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
+    """One seed: EPyMARL trains and saves its agent, we play it on the fixed episodes and write the run directory."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from runtime.args import MultiAgentArgs, make_eval_env
+    from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate
+
+    key, limit = package_key(args.env_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [str(args.python), "src/main.py", f"--config={args.config}", "--env-config=gymma", "with",
+            f"env_args.time_limit={limit}", f"env_args.key={key}", f"seed={seed}", f"t_max={args.total_timesteps}",
+            "use_cuda=False", f"test_interval={args.eval_interval}", f"test_nepisode={args.eval_episodes}",
+            "save_model=True", f"save_model_interval={args.total_timesteps}",
+            f"local_results_path={run_dir.resolve() / 'epymarl'}"]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": str(args.stubs), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    record = dict(env_id=args.env_id, algo=f"{args.config}-epymarl", seed=seed, total_timesteps=args.total_timesteps,
+                  command=shlex.join(["python", "results/epymarl_peer.py", *sys.argv[1:]]), sweep_command=sweep_command,
+                  epymarl_command=shlex.join(argv), commit=git_commit(), hardware=probe_hardware(),
+                  versions=probe_versions(), start=utc_now())  # fmt: skip
+    start = time.time()
+    with open(run_dir / LOG_NAME, "w") as log:
+        code = subprocess.run(argv, cwd=args.epymarl, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.time() - start
+    if code != 0:
+        record.update(status="failed", error=f"EPyMARL exited with {code}: see {run_dir / LOG_NAME}", end=utc_now())
+        (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2))
+        raise RuntimeError(record["error"])
+    sacred = sacred_run(args.epymarl, args.config, key, seed, start)
+    cfg, info = read_json(sacred / "config.json"), read_json(sacred / "info.json")
+    path, step = final_agent(run_dir)
+    agent = EPyMARLAgent(torch.load(path, map_location="cpu", weights_only=True))
+    make_greedy = acting(agent, cfg["obs_last_action"], cfg["obs_agent_id"])
+    ours = MultiAgentArgs(env_id=args.env_id)
+    returns, _ = evaluate(lambda n, s: make_eval_env(ours, n, s), make_greedy, FINAL_EPISODES, FINAL_SEED)
+    final = dict(protocol="v2", episodes=len(returns), seed=FINAL_SEED, global_step=step, mean=float(returns.mean()),
+                 std=float(returns.std()), returns=returns.tolist())  # fmt: skip
+    (run_dir / FINAL_EVAL_NAME).write_text(json.dumps(final))
+    n_agents = agent_count(args.env_id)
+    writer = SummaryWriter(str(run_dir))
+    for t, r in zip(*series(info, "test_return_mean"), strict=True):  # the team's sum -> our mean over agents
+        writer.add_scalar(EVAL_TAG, r / n_agents, int(t))
+    writer.add_scalar(SPS_TAG, args.total_timesteps / wall, args.total_timesteps)
+    writer.close()
+    config = {k: v for k, v in cfg.items() if k not in PER_SEED_CONFIG}
+    config = dict(env_id=args.env_id, seed=seed, total_timesteps=args.total_timesteps, run_dir=str(run_dir),
+                  epymarl_config=args.config, eval_interval=args.eval_interval, eval_episodes=args.eval_episodes,
+                  final_eval_episodes=FINAL_EPISODES, epymarl=config)  # fmt: skip
+    (run_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2, default=str))
+    record.update(status="ok", returncode=0, error=None, end=utc_now(), wall_time_s=wall, sacred_run=str(sacred))
+    (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2))
+
+
+def agent_count(env_id: str) -> int:
+    """The number of agents of a task, from a built env."""
+    import envs
+
+    env = envs.make(env_id, 1, 0)
+    try:
+        return int(next(iter(env.reset().obs.values())).shape[1])
+    finally:
+        env.close()
+
+
+def seeds_of(text: str) -> list[int]:
+    """'3' -> [0, 1, 2]; '1,3' -> [1, 3] (as results/run.py's --seeds)."""
+    return list(range(int(text))) if "," not in text else [int(s) for s in text.split(",") if s.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epymarl", type=Path, required=True, help="a checkout of uoe-agents/epymarl")
+    parser.add_argument("--python", type=Path, required=True, help="the interpreter of EPyMARL's own environment")
+    stubs = "a folder on EPyMARL's PYTHONPATH (default <epymarl>/stubs): an empty smaclite package"
+    parser.add_argument("--stubs", type=Path, default=None, help=stubs)
+    parser.add_argument("--config", default="qmix", help="EPyMARL's algorithm config: src/config/algs/<config>.yaml")
+    parser.add_argument("--env-id", required=True, help="an LBF or RWARE task of the registry")
+    parser.add_argument("--seeds", type=seeds_of, default=seeds_of("3"), help="N (seeds 0..N-1) or a list '1,3'")
+    parser.add_argument("--total-timesteps", type=int, required=True, help="EPyMARL's t_max")
+    parser.add_argument("--eval-interval", type=int, default=50_000, help="EPyMARL's test_interval (env steps)")
+    parser.add_argument("--eval-episodes", type=int, default=100, help="EPyMARL's test_nepisode")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
+    args = parser.parse_args(argv)
+    try:
+        package_key(args.env_id)
+    except ValueError as e:
+        parser.error(str(e))
+    if not (args.epymarl / "src" / "main.py").is_file():
+        parser.error(f"--epymarl {args.epymarl}: no src/main.py there; give a checkout of uoe-agents/epymarl")
+    if not os.access(args.python, os.X_OK):
+        parser.error(f"--python {args.python}: not an executable interpreter (EPyMARL's own environment)")
+    if not args.seeds:
+        parser.error("--seeds names no seed: give a count (3: seeds 0-2) or a list ('0,' for seed 0 alone)")
+    if args.total_timesteps < 1 or args.eval_interval < 1 or args.eval_episodes < 1:
+        parser.error("--total-timesteps, --eval-interval and --eval-episodes must be positive")
+    args.stubs = args.stubs or args.epymarl / "stubs"
+    algo = f"{args.config}-epymarl"
+    sweep_command = shlex.join(["python", "results/epymarl_peer.py", *(argv if argv is not None else sys.argv[1:])])
+    for seed in args.seeds:
+        run_dir = run_dir_for(args.out, args.env_id, algo, seed)
+        if is_finished(run_dir):
+            print(f"skip {args.env_id} {algo} seed {seed}: finished ({run_dir})")
+            continue
+        print(f"run  {args.env_id} {algo} seed {seed} -> {run_dir}", flush=True)
+        train_seed(args, seed, run_dir, sweep_command)
+    paths, errors = collect(args.out, {(args.env_id, algo): args.seeds})
+    for path in paths:
+        print(f"wrote {path}")
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
