@@ -160,7 +160,7 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
             f"local_results_path={run_dir.resolve() / 'epymarl'}"]  # fmt: skip
     env = os.environ | {"PYTHONPATH": str(args.stubs), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     record = dict(env_id=args.env_id, algo=f"{args.config}-epymarl", seed=seed, total_timesteps=args.total_timesteps,
-                  command=shlex.join(["python", "results/epymarl_peer.py", *sys.argv[1:]]), sweep_command=sweep_command,
+                  command=f"{sweep_command} --seeds {seed},", sweep_command=sweep_command,
                   epymarl_command=shlex.join(argv), commit=git_commit(), hardware=probe_hardware(),
                   versions=probe_versions(), start=utc_now())  # fmt: skip
     start = time.time()
