@@ -114,3 +114,53 @@ def test_bad_flags_get_one_line(tmp_path, capsys, flags, says):
     with pytest.raises(SystemExit) as exit_:
         epymarl_peer.main([x for kv in base.items() for x in kv] + ["--out", str(tmp_path / "out")])
     assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+FAKE_MAIN = '''"""A stand-in for EPyMARL's src/main.py: what a finished run leaves behind, where EPyMARL leaves it."""
+import json, sys
+from pathlib import Path
+import torch
+flags = dict(a.split("=", 1) for a in sys.argv[sys.argv.index("with") + 1 :])
+key, seed, t_max = flags["env_args.key"], int(flags["seed"]), int(flags["t_max"])
+sacred = Path(__file__).resolve().parent.parent / "results" / "sacred" / "qmix" / key / str(seed + 1)
+sacred.mkdir(parents=True)
+config = {"seed": seed, "name": "qmix", "obs_last_action": False, "obs_agent_id": True, "lr": 0.0005,
+          "local_results_path": flags["local_results_path"], "env_args": {"key": key}}
+(sacred / "config.json").write_text(json.dumps(config))
+(sacred / "run.json").write_text(json.dumps({"status": "COMPLETED"}))
+steps = list(range(50, t_max + 51, int(flags["test_interval"])))
+info = {"test_return_mean": [{"py/object": "numpy.float64", "value": 0.1 * i} for i in range(len(steps))],
+        "test_return_mean_T": steps}
+(sacred / "info.json").write_text(json.dumps(info))
+torch.manual_seed(seed)
+layers = {"fc1": torch.nn.Linear(12 + 2, 8), "rnn": torch.nn.Linear(8, 8), "fc2": torch.nn.Linear(8, 6)}
+state = {f"{n}.{k}": v for n, layer in layers.items() for k, v in layer.state_dict().items()}
+for t in (0, t_max + 50):
+    model = Path(flags["local_results_path"]) / "models" / f"qmix_seed{seed}" / str(t)
+    model.mkdir(parents=True)
+    torch.save(state, model / "agent.th")
+'''
+
+
+def test_a_peer_run_is_played_on_our_episodes_and_collected_as_a_row(tmp_path):
+    import collect
+
+    epymarl = tmp_path / "epymarl"
+    (epymarl / "src").mkdir(parents=True)
+    (epymarl / "src" / "main.py").write_text(FAKE_MAIN)
+    out = tmp_path / "results"
+    flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop", "--seeds",
+             "0,1", "--total-timesteps", "1000", "--eval-interval", "500", "--out", str(out)]  # fmt: skip
+    assert epymarl_peer.main(flags) == 0
+    result = collect.read_json(out / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl.json")
+    assert collect.result_errors(result) == [] and result["seeds"] == [0, 1]
+    for entry in result["per_seed"]:
+        # EPyMARL's tests (the team's sum: 0, 0.1, 0.2) as our mean over the 2 agents, at EPyMARL's steps
+        assert entry["evaluations"] == {"steps": [50, 550, 1050], "returns": [0.0, 0.05, 0.1]}
+        final = entry["final_policy"]
+        assert final["episodes"] == 1000 and final["protocol"] == "v2"
+        assert entry["command"].endswith(f"--seeds {entry['seed']},")  # reruns that seed alone
+    assert result["config"]["epymarl"]["lr"] == 0.0005 and "local_results_path" not in result["config"]["epymarl"]
+    run_dir = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl" / "seed1"
+    assert collect.read_json(run_dir / "final_eval.json")["global_step"] == 1050  # the agent saved last
+    assert epymarl_peer.main(flags) == 0  # finished seeds are skipped, the row written again
