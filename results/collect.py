@@ -404,7 +404,7 @@ def seed_metrics(run_dir: Path) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
         "num_evals": int(values.size),
         "last_eval_step": int(steps[-1]),
         "final_eval_return_by_group": by_group,
-        "evaluations": {"steps": steps.astype(int).tolist(), "returns": values.tolist()},  # EPyMARL's metrics need them
+        "evaluations": {"steps": steps.tolist(), "returns": values.tolist()},  # EPyMARL's metrics need them
         "wall_time_s": float(wall_time),
         "sps": sps,
     }

@@ -48,7 +48,8 @@ from collect import (
     read_json,
     run_dir_for,
 )
-from run import probe_hardware, probe_versions, utc_now
+from make_readme import team_size
+from run import parse_seeds, probe_hardware, probe_versions, utc_now
 
 ROOT = RESULTS_DIR.parent
 # EPyMARL's gymma env by the package's registered id, and the benchmark's time limit: per registry family
@@ -181,7 +182,7 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
     final = dict(protocol="v2", episodes=len(returns), seed=FINAL_SEED, global_step=step, mean=float(returns.mean()),
                  std=float(returns.std()), returns=returns.tolist())  # fmt: skip
     (run_dir / FINAL_EVAL_NAME).write_text(json.dumps(final))
-    n_agents = agent_count(args.env_id)
+    n_agents = team_size(args.env_id)
     writer = SummaryWriter(str(run_dir))
     for t, r in zip(*series(info, "test_return_mean"), strict=True):  # the team's sum -> our mean over agents
         writer.add_scalar(EVAL_TAG, r / n_agents, int(t))
@@ -196,22 +197,6 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
     (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2))
 
 
-def agent_count(env_id: str) -> int:
-    """The number of agents of a task, from a built env."""
-    import envs
-
-    env = envs.make(env_id, 1, 0)
-    try:
-        return int(next(iter(env.reset().obs.values())).shape[1])
-    finally:
-        env.close()
-
-
-def seeds_of(text: str) -> list[int]:
-    """'3' -> [0, 1, 2]; '1,3' -> [1, 3] (as results/run.py's --seeds)."""
-    return list(range(int(text))) if "," not in text else [int(s) for s in text.split(",") if s.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epymarl", type=Path, required=True, help="a checkout of uoe-agents/epymarl")
@@ -220,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stubs", type=Path, default=None, help=stubs)
     parser.add_argument("--config", default="qmix", help="EPyMARL's algorithm config: src/config/algs/<config>.yaml")
     parser.add_argument("--env-id", required=True, help="an LBF or RWARE task of the registry")
-    parser.add_argument("--seeds", type=seeds_of, default=seeds_of("3"), help="N (seeds 0..N-1) or a list '1,3'")
+    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("3"), help="N (seeds 0..N-1) or a list '1,3'")
     parser.add_argument("--total-timesteps", type=int, required=True, help="EPyMARL's t_max")
     parser.add_argument("--eval-interval", type=int, default=50_000, help="EPyMARL's test_interval (env steps)")
     parser.add_argument("--eval-episodes", type=int, default=100, help="EPyMARL's test_nepisode")
@@ -234,8 +219,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--epymarl {args.epymarl}: no src/main.py there; give a checkout of uoe-agents/epymarl")
     if not os.access(args.python, os.X_OK):
         parser.error(f"--python {args.python}: not an executable interpreter (EPyMARL's own environment)")
-    if not args.seeds:
-        parser.error("--seeds names no seed: give a count (3: seeds 0-2) or a list ('0,' for seed 0 alone)")
     if args.total_timesteps < 1 or args.eval_interval < 1 or args.eval_episodes < 1:
         parser.error("--total-timesteps, --eval-interval and --eval-episodes must be positive")
     args.stubs = args.stubs or args.epymarl / "stubs"
