@@ -125,6 +125,16 @@ PHASES["happo"] = {
     ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
     ("compute_gae", "buffers/rollout.py"): "targets (RolloutBuffer.compute_gae)",
 }
+for _algo, _cls in (("commnet", "CommNet"), ("ic3net", "IC3Net"), ("tarmac", "TarMAC")):
+    PHASES[_algo] = {
+        ("update", f"algos/{_algo}.py"): "PPO update (10 epochs on whole sequences, through time and messages)",
+        ("unroll", f"algos/{_algo}.py"): "- of which the unroll, forward (25 GRU-cell steps, messages at each)",
+        ("messages", f"algos/{_algo}.py:{_cls}"): "- messages, forward (acting and unrolls)",
+        ("<method 'run_backward' of 'torch._C._EngineBase' objects>", "~"): "- backward",
+        ("act", f"algos/{_algo}.py"): "acting (encoders, messages, a GRU-cell step, sampling; at truncations too)",
+        ("step", "envs/mpe/vec_env.py"): "env step (Numba MPE, 128 envs)",
+        ("add", "buffers/rollout.py"): "storing the step (RolloutBuffer.add)",
+    }
 # a newer script beside the one it extends: (script, its flags); the communication scripts beside recurrent MAPPO
 SIBLINGS = {"qtran": ("qmix", ""), "dcg": ("qmix", ""), "happo": ("mappo", ""), "commnet": ("mappo", "--rnn"),
             "ic3net": ("mappo", "--rnn"), "tarmac": ("mappo", "--rnn")}  # fmt: skip

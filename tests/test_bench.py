@@ -121,3 +121,24 @@ def test_sweep_cost_reads_the_steady_speed_after_the_start(tmp_path):
     writer.close()
     with pytest.raises(RuntimeError, match="logged 1 charts/SPS points"):
         steady_speed(tmp_path / "short")
+
+
+def test_every_profiled_phase_of_bench_train_names_a_function_its_file_defines():
+    """bench_train's breakdowns add up cProfile's rows by (function, file[:class]): a phase whose function was renamed
+    or moved would silently read 0 s, so each must still be defined where the table says (torch's own, "~", aside)."""
+    import ast
+
+    import bench_train
+
+    for algo, phases in bench_train.PHASES.items():
+        for name, where in phases:
+            path, _, cls = where.partition(":")
+            if path == "~" or not path.startswith(("algos/", "buffers/", "envs/")):
+                continue
+            tree = ast.parse((ROOT / path).read_text())
+            scope = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None) if cls else tree
+            assert scope is not None, f"{algo}: no class {cls} in {path}"
+            defs = {n.name for n in ast.walk(scope) if isinstance(n, ast.FunctionDef)}
+            assert name in defs, f"{algo}: {name} not defined in {where}"
+            if cls:  # method_line finds it where cProfile keys it
+                assert bench_train.method_line(ROOT / path, cls, name) > 0
