@@ -286,3 +286,36 @@ def test_spread_study_tables_and_plots_each_setting_against_n_beside_the_levels(
     first = (out / "returns.png").read_bytes()
     spread_study.main()
     assert (out / "returns.png").read_bytes() == first  # the JSON alone decides the bytes
+
+
+def test_foraging_inputs_gives_every_food_and_player_its_offset_from_the_agent(tmp_path, monkeypatch):
+    import foraging_inputs
+    import iql
+    import torch
+
+    from envs.registry import build_parallel_env
+
+    obs, _ = build_parallel_env("Foraging-8x8-2p-2f-coop").reset(seed=3)  # lbforaging's own, 2 foods and 2 players
+    raw = torch.as_tensor(np.stack(list(obs.values())), dtype=torch.float32)  # (A, 12)
+    raw[1, 3:6] = torch.tensor([-1.0, -1.0, 0.0])  # as if agent 1's second food were out of sight
+    ego = foraging_inputs.egocentric(raw[None, None]).view(2, 4, 3)
+    raw = raw.view(2, 4, 3)
+    for a in range(2):
+        me = raw[a, 2]
+        assert torch.equal(ego[a, 2], me)  # itself: where it stands, as it was
+        for k in (0, 1, 3):
+            expected = torch.stack([raw[a, k, 0] - me[0], raw[a, k, 1] - me[1], raw[a, k, 2]]) * (raw[a, k, 2] > 0)
+            assert torch.equal(ego[a, k], expected)
+    assert torch.equal(ego[1, 1], torch.zeros(3))  # none in sight: zeros
+    assert torch.equal(ego[0, 3, :2], -ego[1, 3, :2])  # each player's offset to the other, opposite
+    assert torch.equal(ego[0, 0, :2] + raw[0, 2, :2], ego[1, 0, :2] + raw[1, 2, :2])  # one food, seen from both
+
+    monkeypatch.setattr(iql.GroupQ, "forward", iql.GroupQ.forward)  # the probe patches it: restored after the test
+    script = Path(__file__).resolve().parents[1] / "probes" / "foraging_inputs.py"
+    tiny = ["--total-timesteps", "600", "--num-envs", "4", "--learning-starts", "200", "--batch-size", "2",
+            "--eval-interval", "0", "--final-eval-episodes", "2", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    script_runs.run_captured(script, "--env-id", "Foraging-2s-8x8-2p-2f-coop", *tiny)
+    assert json.loads((tmp_path / "run" / "final_eval.json").read_text())["episodes"] == 2
+    assert iql.GroupQ.forward.__name__ == "egocentric_forward"  # the run's networks read the egocentric frame
+    refused = script_runs.run_captured(script, "--env-id", "simple_v3", check=False)
+    assert refused.returncode != 0 and "Level-Based Foraging" in refused.stderr

@@ -136,6 +136,7 @@ DATA = {".json", ".jsonl", ".md", ".png", ".pt"}  # .jsonl: a tournament's finis
 BENCH_HELPERS = {"host.py", "compare_losses.py"}  # imported by the benchmarks; they write no table themselves
 PROBES = {
     "comm_probe.py",
+    "foraging_inputs.py",
     "comm_screens.py",
     "mpe_ceiling.py",
     "spread_levels.py",
