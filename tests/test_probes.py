@@ -220,7 +220,12 @@ def test_spread_encoder_ignores_the_order_of_landmarks_and_of_other_agents_and_t
         ("spread_encoder.py", ["--encoder", "pairs"]),
     ],
 )
-def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, probe, flags):
+def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, monkeypatch, probe, flags):
+    import spread_credit
+
+    mappo = spread_credit.mappo  # the module both probes import and patch
+    for name in ("make_env", "Policy", "fast_acting", "per_agent"):  # the probes patch them: restored after the test
+        monkeypatch.setattr(mappo, name, getattr(mappo, name))
     script = Path(__file__).resolve().parents[1] / "probes" / probe
     tiny = [
         "--env-kwargs",
@@ -238,6 +243,8 @@ def test_spread_training_probes_run_mappo_and_refuse_another_env(tmp_path, probe
     ]
     script_runs.run_captured(script, *flags, *tiny)  # in this process: no torch import per run
     assert json.loads((tmp_path / "run" / "final_eval.json").read_text())["episodes"] == 2
+    patched = mappo.make_env if probe == "spread_credit.py" else mappo.Policy
+    assert patched.__name__ in ("make_shaped_env", "EntityPolicy")  # the run trained the probe's variant
     refused = script_runs.run_captured(script, "--env-id", "simple_v3", check=False)
     assert refused.returncode != 0 and "simple_spread_v3" in refused.stderr
 
