@@ -335,22 +335,25 @@ def group_table(results: list[dict]) -> list[str]:
 NO_COMM = "-nocomm"  # a variant of a communication script with its messages zeroed (--no-comm)
 
 
-def message_worth_table(ours: dict[str, dict]) -> list[str]:
+def message_worth_table(env_id: str, ours: dict[str, dict]) -> list[str]:
     """What a communication script's messages are worth on a task: each row `<row>-nocomm` beside its `<row>`,
-    the difference of their final policies with a bootstrap interval over seeds (issue 43's comm minus no-comm)."""
+    the difference of their final policies with a bootstrap interval over seeds (issue 43's comm minus no-comm).
+    On an EPyMARL benchmark task, in the team's totals, as the benchmark's table beside it."""
     pairs = [(a[: -len(NO_COMM)], a) for a in sorted(ours) if a.endswith(NO_COMM) and a[: -len(NO_COMM)] in ours]
     if not pairs:
         return []
+    size = team_size(env_id) or 1
+    scale = f" Returns are the team's total per episode (the sum over its {size} agents)." if size > 1 else ""
     lines = [
         "What the messages are worth: the final policy with messages minus the same script's with them zeroed "
         "(`--no-comm`, in training and evaluation), 95% percentile bootstrap interval over seeds (each row's seeds "
-        "resampled apart); an interval above 0: the messages carry something the agents use.",
+        "resampled apart); an interval above 0: the messages carry something the agents use." + scale,
         "",
         "| script | with messages | zeroed | worth [95% CI] |",
         "|---|---|---|---|",
     ]
     for comm, nocomm in pairs:
-        with_, without = ([p["final_policy"]["mean"] for p in ours[r]["per_seed"]] for r in (comm, nocomm))
+        with_, without = ([size * p["final_policy"]["mean"] for p in ours[r]["per_seed"]] for r in (comm, nocomm))
         low, high = difference_ci(with_, without)
         cells = [f"{fmt(np.mean(x))} ± {fmt(sample_std(x))} ({len(x)} seeds)" for x in (with_, without)]
         worth = f"{np.mean(with_) - np.mean(without):+.2f} [{low:+.2f}, {high:+.2f}]"
@@ -626,7 +629,7 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
                 "",
             ]
     lines += group_table(results)
-    lines += message_worth_table(ours)
+    lines += message_worth_table(env_id, ours)
     lines += benchmark_table(env_id, ours)
     for number in sorted({notes.index((r["source"], r["protocol"])) + 1 for r in refs.values()}):
         source, protocol = notes[number - 1]

@@ -822,14 +822,20 @@ def test_the_readme_says_what_a_comm_scripts_messages_are_worth_with_an_interval
         "ic3net-3m": row([-10.0, -11.0]),  # no row without messages beside it
         "tarmac-3m-nocomm": row([-20.0]),  # no row with messages beside it
     }
-    lines = make_readme.message_worth_table(ours)
+    lines = make_readme.message_worth_table("simple_reference_v3", ours)
     rows = [line for line in lines if line.startswith("| `")]
     assert len(rows) == 1 and rows[0].startswith("| `commnet-3m` vs `commnet-3m-nocomm` | -11.00 ± 1.00 (3 seeds) |")
     low, high = (float(x) for x in rows[0].split("[")[1].rstrip("] |").split(", "))
     assert 8.0 <= low < 10.0 < high <= 12.0  # within what resampled seeds can give: -12 - (-20) .. -10 - (-22)
     assert "| -21.00 ± 1.00 (3 seeds) | +10.00 [" in rows[0]
     assert collect.difference_ci([1.0, 1.0], [3.0]) == (-2.0, -2.0)  # no spread: the interval is the difference
-    assert make_readme.message_worth_table({"commnet-3m": row([-10.0])}) == []
+    assert make_readme.message_worth_table("simple_reference_v3", {"commnet-3m": row([-10.0])}) == []
+    # on a benchmark task, the team's totals (2 players: twice the mean over agents), as the benchmark's table
+    team = make_readme.message_worth_table("Foraging-2s-8x8-2p-2f-coop", ours)
+    assert "the sum over its 2 agents" in team[0]
+    assert [r for r in team if r.startswith("| `")][0].startswith(
+        "| `commnet-3m` vs `commnet-3m-nocomm` | -22.00 ± 2.00"
+    )
     with pytest.raises(ValueError, match="at least one value on each side"):
         collect.difference_ci([], [1.0])
 
