@@ -67,6 +67,10 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     its default, is one actor per agent: --no-share-params)"""
     fixed_order: bool = False
     """update the agents in their index order every iteration (default: a new random order, as the paper)"""
+    sequential: bool = True
+    """each agent on the advantage weighted by its predecessors' ratios (the paper); --no-sequential: every agent on
+    the plain advantage, as if all were updated at once (MAPPO's update on HAPPO's actors, critic and reward: the
+    ablation of the sequential correction)"""
 
     # --- derived at runtime ---
     batch_size: int = field(default=0, init=False)
@@ -266,7 +270,7 @@ def main(args):
             if args.value_norm:
                 team.value_norm.update(torch.as_tensor(rb.targets["returns"]).flatten().to(device))
             # UPDATE: the agents one after another in a random order, each on the advantage weighted by M, the
-            # product of the ratios of the agents updated before it; then the critic
+            # product of the ratios of the agents updated before it (1 with --no-sequential); then the critic
             order = range(len(team.agents)) if args.fixed_order else rng.permutation(len(team.agents))
             rb.targets["factor"] = np.ones_like(rb["values"])  # M, per sample
             for k in order:
@@ -328,12 +332,13 @@ def update_agent(actors, g, i, opt, rb, args, device, rng):
             loss.backward()
             clip_grad_norm(actors.actor_of(i).parameters(), args.max_grad_norm)
             opt.step()
-    with torch.no_grad():  # M *= agent i's new ratio on the whole rollout (1 where it was dead: it acted on nothing)
-        flat = {k: torch.as_tensor(rb[f"{k}_{g}"], device=device).flatten(0, 1) for k in ("obs", "actions")}
-        avail = torch.as_tensor(rb[f"avail_{g}"], device=device).flatten(0, 1) if f"avail_{g}" in rb.data else None
-        new = actors.log_prob(actors.dist(flat["obs"], i, avail), flat["actions"][:, i]).cpu().numpy()
-        ratio = np.exp(new.reshape(rb["values"].shape) - rb[f"logprobs_{g}"][..., i])
-        rb.targets["factor"] *= np.where(rb[f"agent_mask_{g}"][..., i], ratio, 1.0)
+    if args.sequential:  # M *= agent i's new ratio on the whole rollout (1 where it was dead: it acted on nothing)
+        with torch.no_grad():  # (--no-sequential: M stays 1, no agent's update is seen by the next)
+            flat = {k: torch.as_tensor(rb[f"{k}_{g}"], device=device).flatten(0, 1) for k in ("obs", "actions")}
+            avail = torch.as_tensor(rb[f"avail_{g}"], device=device).flatten(0, 1) if f"avail_{g}" in rb.data else None
+            new = actors.log_prob(actors.dist(flat["obs"], i, avail), flat["actions"][:, i]).cpu().numpy()
+            ratio = np.exp(new.reshape(rb["values"].shape) - rb[f"logprobs_{g}"][..., i])
+            rb.targets["factor"] *= np.where(rb[f"agent_mask_{g}"][..., i], ratio, 1.0)
     return dict(
         policy_loss=pg_loss.item(),
         entropy=entropy.item(),

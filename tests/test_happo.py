@@ -95,6 +95,21 @@ def test_each_agent_learns_on_the_product_of_its_predecessors_ratios_and_moves_n
     assert np.abs(seen[1] - 1).max() > 1e-3  # the updates moved the policies, so the factor is not trivially 1
 
 
+def test_without_the_sequential_correction_every_agent_learns_on_the_plain_advantage(happo):
+    """--no-sequential, the ablation: M stays 1 however far the earlier agents' policies moved."""
+    torch.manual_seed(0)
+    args = happo["Args"](update_epochs=3, num_minibatches=2, learning_rate=3e-3, sequential=False)
+    actors = happo["Team"](SPECS, 7, args).groups["unit"]
+    rb = rollout(happo, actors)
+    old = rb["logprobs_unit"].copy()
+    rb.targets["factor"] = np.ones_like(rb["values"])
+    for i in (2, 0, 1):
+        happo["update_agent"](actors, "unit", i, torch.optim.Adam(actors.actor_of(i).parameters(), lr=3e-3), rb,
+                              args, "cpu", np.random.default_rng(1))  # fmt: skip
+        assert np.all(rb.targets["factor"] == 1.0)
+    assert max(np.abs(log_probs(actors, rb, i) - old[..., i]).max() for i in range(3)) > 1e-3  # they did learn
+
+
 def test_separate_actors_by_default_and_one_shared_actor_with_ids_on_request(happo):
     separate = happo["Team"](SPECS, 7, happo["Args"]()).groups["unit"]
     shared = happo["Team"](SPECS, 7, happo["Args"](share_params=True)).groups["unit"]
@@ -102,7 +117,7 @@ def test_separate_actors_by_default_and_one_shared_actor_with_ids_on_request(hap
     assert separate.actors[0].net[0].in_features == 4 and shared.actors[0].net[0].in_features == 4 + 3
 
 
-@pytest.mark.parametrize("flags", [[], ["--share-params", "--fixed-order"]])
+@pytest.mark.parametrize("flags", [[], ["--share-params", "--fixed-order"], ["--no-sequential"]])
 def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions(flags, tmp_path, capsys):
     run_inline(capsys, *flags, "--total-timesteps", 200, "--eval-interval", 100, "--run-dir", tmp_path)
     for name in ("config.json", "last.pt", "best.pt", "final_eval.json", "DONE"):
@@ -110,7 +125,9 @@ def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions
     for tag in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/explained_variance"):
         assert script_runs.scalars(tmp_path, tag), tag
     optimizers = torch.load(tmp_path / "last.pt", weights_only=True)["optimizers"]
-    assert len(optimizers) == (2 if flags else 4)  # an Adam per actor (3, or 1 shared) and the critic's
+    assert len(optimizers) == (
+        2 if "--share-params" in flags else 4
+    )  # an Adam per actor (3, or 1 shared), the critic's
     _, stdout, _ = run_inline(capsys, "--eval-checkpoint", tmp_path / "last.pt")
     reloaded = float(re.search(r"episodic return (-?[\d.]+)", stdout).group(1))
     final = json.loads((tmp_path / "final_eval.json").read_text())["returns"][:2]
