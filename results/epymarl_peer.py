@@ -16,7 +16,13 @@ final_eval.json, config.json and run.json. The row is `results/<env_id>/<config>
 
 What differs from our runs, on purpose: EPyMARL's periodic tests play its own episodes, and sample the actions of its
 policy-gradient configs (its `soft_policies` selector); only the final policy is played on our fixed episodes.
-A stopped seed restarts from its beginning (EPyMARL resumes from a saved model, not its replay or optimizer).
+
+A seed stops and resumes, as ours do. EPyMARL runs through results/epymarl_launch.py (its main.py, its code unchanged,
+with hooks that save what its own checkpoints leave out: target networks, running statistics, update counters and the
+replay buffer). A SIGTERM or SIGINT to this script is passed on: EPyMARL finishes its episode, saves and exits, and the
+same command later resumes the seed from that save (or, after a crash, from its last save of every
+`--save-interval` steps). The seed's row joins its segments: EPyMARL's tests up to each resume, its wall time summed.
+What a resume does not keep: the random number streams, restarted from the seed.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ import argparse
 import json
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
-import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +62,14 @@ from run import parse_seeds, probe_hardware, probe_versions, utc_now
 ROOT = RESULTS_DIR.parent
 # EPyMARL's gymma env by the package's registered id, and the benchmark's time limit: per registry family
 PACKAGE_IDS = {"lbf": ("lbforaging:{}-v3", 50), "rware": ("rware:{}-v2", 500)}
-PER_SEED_CONFIG = {"seed", "local_results_path", "unique_token"}  # EPyMARL's keys that differ between seeds by design
+# EPyMARL's keys that differ between seeds by design, or with where a seed was resumed
+PER_SEED_CONFIG = {"seed", "local_results_path", "unique_token", "checkpoint_path", "load_step"}
+LAUNCHER = Path(__file__).resolve().with_name("epymarl_launch.py")
+STOPPED = 75  # epymarl_launch.py's exit status after a signal and its save
+
+
+class Stopped(Exception):
+    """EPyMARL stopped on a signal and saved: the same command resumes the seed."""
 
 
 class EPyMARLAgent(nn.Module):
@@ -117,17 +132,27 @@ def package_key(env_id: str) -> tuple[str, int]:
     return key.format(env_id), limit
 
 
-def sacred_run(epymarl: Path, config: str, key: str, seed: int, since: float) -> Path:
-    """The directory sacred wrote for this seed's run: EPyMARL's results/sacred/<config>/<key>/<id>/, the newest one
-    of this seed that started after `since` (sacred numbers runs by arrival, so two lanes may interleave)."""
-    candidates = []
+def sacred_segments(epymarl: Path, config: str, key: str, seed: int, results_path: Path) -> list[dict]:
+    """The sacred runs (EPyMARL's results/sacred/<config>/<key>/<id>/) that trained this seed's run directory, in the
+    order they ran, less any that a later one replaced by starting again from the same or an earlier step. Each:
+    {dir, from_step (the save it resumed from, 0 for a fresh start), status, wall_s (start to stop, or to the last
+    heartbeat of a run that was killed)}."""
+    runs = []
     for run_dir in (epymarl / "results" / "sacred" / config / key).glob("[0-9]*"):
         run, cfg = read_json(run_dir / "run.json") or {}, read_json(run_dir / "config.json") or {}
-        if cfg.get("seed") == seed and run_dir.stat().st_mtime >= since and run.get("status") == "COMPLETED":
-            candidates.append((run_dir.stat().st_mtime, run_dir))
-    if not candidates:
-        raise RuntimeError(f"no completed sacred run of seed {seed} under {epymarl}/results/sacred/{config}/{key}")
-    return max(candidates)[1]
+        if cfg.get("seed") != seed or cfg.get("local_results_path") != str(results_path) or "start_time" not in run:
+            continue
+        start = datetime.fromisoformat(run["start_time"])
+        end = datetime.fromisoformat(run.get("stop_time") or run.get("heartbeat") or run["start_time"])
+        from_step = int(cfg.get("load_step") or 0) if cfg.get("checkpoint_path") else 0
+        runs.append(dict(dir=run_dir, from_step=from_step, status=run.get("status"), start=start,
+                         wall_s=(end - start).total_seconds()))  # fmt: skip
+    chain = []
+    for segment in sorted(runs, key=lambda r: r["start"]):
+        while chain and chain[-1]["from_step"] >= segment["from_step"]:
+            chain.pop()
+        chain.append(segment)
+    return chain
 
 
 def series(info: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -136,17 +161,67 @@ def series(info: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(info[f"{name}_T"], dtype=np.int64), np.asarray(values, dtype=np.float64)
 
 
+def chained_series(chain: list[dict], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A metric over a seed's segments: each segment's points up to the step the next one resumed from."""
+    steps, values = [np.zeros(0, np.int64)], [np.zeros(0)]
+    for segment, after in zip(chain, [*chain[1:], None], strict=True):
+        info = read_json(segment["dir"] / "info.json") or {}
+        if name not in info:
+            continue
+        t, v = series(info, name)
+        keep = t <= after["from_step"] if after else np.ones(len(t), bool)
+        steps.append(t[keep])
+        values.append(v[keep])
+    return np.concatenate(steps), np.concatenate(values)
+
+
+def saves(run_dir: Path) -> list[tuple[int, Path]]:
+    """EPyMARL's saves of this seed (models/<token>/<t_env>/, a token per segment) as (t_env, folder), oldest first."""
+    return sorted((int(p.parent.name), p.parent) for p in (run_dir / "epymarl" / "models").glob("*/*/agent.th"))
+
+
+def newest_save_only(run_dir: Path) -> tuple[int, Path] | None:
+    """The save a seed resumes from, its newest; the older ones are removed (nothing reads them)."""
+    found = saves(run_dir)
+    for _, folder in found[:-1]:
+        shutil.rmtree(folder)
+    for token in (run_dir / "epymarl" / "models").glob("*"):
+        if token.is_dir() and not any(token.iterdir()):
+            token.rmdir()
+    return found[-1] if found else None
+
+
 def final_agent(run_dir: Path) -> tuple[Path, int]:
-    """The agent.th EPyMARL saved last (models/<token>/<t_env>/) and its t_env."""
-    saved = [(int(p.parent.name), p) for p in (run_dir / "epymarl" / "models").glob("*/*/agent.th")]
-    if not saved:
+    """The agent.th EPyMARL saved last (at the end of training: epymarl_launch.py's last save) and its t_env."""
+    found = saves(run_dir)
+    if not found:
         raise RuntimeError(f"EPyMARL saved no agent under {run_dir / 'epymarl' / 'models'}")
-    step, path = max(saved)
-    return path, step
+    step, folder = found[-1]
+    return folder / "agent.th", step
+
+
+def wait_passing_on_signals(proc: subprocess.Popen) -> int:
+    """Wait for EPyMARL; a SIGTERM or SIGINT to this script reaches it as a SIGTERM (it then saves and exits)."""
+    received = []
+
+    def pass_on(signum, frame):
+        received.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received or code == STOPPED:
+        raise Stopped(f"EPyMARL stopped (exit status {code}) after a signal")
+    return code
 
 
 def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
-    """One seed: EPyMARL trains and saves its agent, we play it on the fixed episodes and write the run directory."""
+    """One seed: EPyMARL trains (or resumes) and saves its agent, we play it on the fixed episodes and write the run
+    directory. Raises Stopped when a signal stopped it, RuntimeError when EPyMARL failed."""
     from torch.utils.tensorboard import SummaryWriter
 
     from runtime.args import MultiAgentArgs, make_eval_env
@@ -154,26 +229,36 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
 
     key, limit = package_key(args.env_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = [str(args.python), "src/main.py", f"--config={args.config}", "--env-config=gymma", "with",
+    results_path = run_dir.resolve() / "epymarl"
+    argv = [str(args.python), str(LAUNCHER), f"--config={args.config}", "--env-config=gymma", "with",
             f"env_args.time_limit={limit}", f"env_args.key={key}", f"seed={seed}", f"t_max={args.total_timesteps}",
             "use_cuda=False", f"test_interval={args.eval_interval}", f"test_nepisode={args.eval_episodes}",
-            "save_model=True", f"save_model_interval={args.total_timesteps}",
-            f"local_results_path={run_dir.resolve() / 'epymarl'}"]  # fmt: skip
+            "save_model=True", f"save_model_interval={args.save_interval}",
+            f"local_results_path={results_path}"]  # fmt: skip
+    resume = newest_save_only(run_dir)
+    if resume is not None:
+        step, folder = resume
+        argv += [f"checkpoint_path={folder.parent}", f"load_step={step}"]
+        print(f"     resuming from EPyMARL's save at step {step:,}", flush=True)
     env = os.environ | {"PYTHONPATH": str(args.stubs), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     record = dict(env_id=args.env_id, algo=f"{args.config}-epymarl", seed=seed, total_timesteps=args.total_timesteps,
                   command=f"{sweep_command} --seeds {seed},", sweep_command=sweep_command,
                   epymarl_command=shlex.join(argv), commit=git_commit(), hardware=probe_hardware(),
                   versions=probe_versions(), start=utc_now())  # fmt: skip
-    start = time.time()
-    with open(run_dir / LOG_NAME, "w") as log:
-        code = subprocess.run(argv, cwd=args.epymarl, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall = time.time() - start
+    with open(run_dir / LOG_NAME, "a") as log:
+        # its own session: a terminal's Ctrl-C reaches this script, which passes it on, not EPyMARL's env workers
+        proc = subprocess.Popen(argv, cwd=args.epymarl, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        code = wait_passing_on_signals(proc)
     if code != 0:
         record.update(status="failed", error=f"EPyMARL exited with {code}: see {run_dir / LOG_NAME}", end=utc_now())
         (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2))
         raise RuntimeError(record["error"])
-    sacred = sacred_run(args.epymarl, args.config, key, seed, start)
-    cfg, info = read_json(sacred / "config.json"), read_json(sacred / "info.json")
+    chain = sacred_segments(args.epymarl, args.config, key, seed, results_path)
+    if not chain or chain[-1]["status"] != "COMPLETED":
+        sacred = args.epymarl / "results" / "sacred" / args.config / key
+        raise RuntimeError(f"no completed sacred run of seed {seed} under {sacred}")
+    cfg = read_json(chain[-1]["dir"] / "config.json")
     path, step = final_agent(run_dir)
     agent = EPyMARLAgent(torch.load(path, map_location="cpu", weights_only=True))
     make_greedy = acting(agent, cfg["obs_last_action"], cfg["obs_agent_id"])
@@ -183,17 +268,20 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
                  std=float(returns.std()), returns=returns.tolist())  # fmt: skip
     (run_dir / FINAL_EVAL_NAME).write_text(json.dumps(final))
     n_agents = team_size(args.env_id)
+    wall = sum(segment["wall_s"] for segment in chain)
     writer = SummaryWriter(str(run_dir))
-    for t, r in zip(*series(info, "test_return_mean"), strict=True):  # the team's sum -> our mean over agents
+    for t, r in zip(*chained_series(chain, "test_return_mean"), strict=True):  # the team's sum -> mean over agents
         writer.add_scalar(EVAL_TAG, r / n_agents, int(t))
-    writer.add_scalar(SPS_TAG, args.total_timesteps / wall, args.total_timesteps)
+    writer.add_scalar(SPS_TAG, args.total_timesteps / max(wall, 1e-9), args.total_timesteps)
     writer.close()
     config = {k: v for k, v in cfg.items() if k not in PER_SEED_CONFIG}
     config = dict(env_id=args.env_id, seed=seed, total_timesteps=args.total_timesteps, run_dir=str(run_dir),
                   epymarl_config=args.config, eval_interval=args.eval_interval, eval_episodes=args.eval_episodes,
                   final_eval_episodes=FINAL_EPISODES, epymarl=config)  # fmt: skip
     (run_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2, default=str))
-    record.update(status="ok", returncode=0, error=None, end=utc_now(), wall_time_s=wall, sacred_run=str(sacred))
+    segments = [dict(sacred_run=str(c["dir"]), from_step=c["from_step"], status=c["status"], wall_time_s=c["wall_s"])
+                for c in chain]  # fmt: skip
+    record.update(status="ok", returncode=0, error=None, end=utc_now(), wall_time_s=wall, segments=segments)
     (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2))
 
 
@@ -209,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-timesteps", type=int, required=True, help="EPyMARL's t_max")
     parser.add_argument("--eval-interval", type=int, default=50_000, help="EPyMARL's test_interval (env steps)")
     parser.add_argument("--eval-episodes", type=int, default=100, help="EPyMARL's test_nepisode")
+    save = "EPyMARL's save_model_interval (env steps): a crashed seed resumes from its last save (a stopped one saves)"
+    parser.add_argument("--save-interval", type=int, default=200_000, help=save)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
     args = parser.parse_args(argv)
     try:
@@ -219,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--epymarl {args.epymarl}: no src/main.py there; give a checkout of uoe-agents/epymarl")
     if not os.access(args.python, os.X_OK):
         parser.error(f"--python {args.python}: not an executable interpreter (EPyMARL's own environment)")
-    if args.total_timesteps < 1 or args.eval_interval < 1 or args.eval_episodes < 1:
-        parser.error("--total-timesteps, --eval-interval and --eval-episodes must be positive")
+    if min(args.total_timesteps, args.eval_interval, args.eval_episodes, args.save_interval) < 1:
+        parser.error("--total-timesteps, --eval-interval, --eval-episodes and --save-interval must be positive")
     args.stubs = args.stubs or args.epymarl / "stubs"
     algo = f"{args.config}-epymarl"
     sweep_command = shlex.join(["python", "results/epymarl_peer.py", *(argv if argv is not None else sys.argv[1:])])
@@ -230,7 +320,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skip {args.env_id} {algo} seed {seed}: finished ({run_dir})")
             continue
         print(f"run  {args.env_id} {algo} seed {seed} -> {run_dir}", flush=True)
-        train_seed(args, seed, run_dir, sweep_command)
+        try:
+            train_seed(args, seed, run_dir, sweep_command)
+        except Stopped as e:
+            print(f"stopped: {e}; the same command resumes seed {seed} from its save", file=sys.stderr)
+            return STOPPED
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     paths, errors = collect(args.out, {(args.env_id, algo): args.seeds})
     for path in paths:
         print(f"wrote {path}")

@@ -5,6 +5,7 @@ rebuilt from its state dict, its inputs laid out as EPyMARL's basic controller l
 metrics sacred logs, and the one-line errors of the command.
 """
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,38 +116,59 @@ def test_bad_flags_get_one_line(tmp_path, capsys, flags, says):
     assert exit_.value.code == 2 and says in capsys.readouterr().err
 
 
-FAKE_MAIN = '''"""A stand-in for EPyMARL's src/main.py: what a finished run leaves behind, where EPyMARL leaves it."""
-import json, sys
+FAKE_MAIN = '''"""A stand-in for EPyMARL's src/main.py run through epymarl_launch.py: what a run leaves behind,
+where EPyMARL leaves it. With FAKE_STOP_AT set it stops there, saved, as the launcher does on a signal; given
+checkpoint_path and load_step it resumes from that save."""
+import json, os, sys
+from datetime import datetime
 from pathlib import Path
 import torch
 flags = dict(a.split("=", 1) for a in sys.argv[sys.argv.index("with") + 1 :])
 key, seed, t_max = flags["env_args.key"], int(flags["seed"]), int(flags["t_max"])
-sacred = Path(__file__).resolve().parent.parent / "results" / "sacred" / "qmix" / key / str(seed + 1)
-sacred.mkdir(parents=True)
+root = Path(__file__).resolve().parent.parent / "results" / "sacred" / "qmix" / key
+root.mkdir(parents=True, exist_ok=True)
+sacred = root / str(len(list(root.iterdir())) + 1)  # sacred numbers its runs by arrival
+sacred.mkdir()
+start = int(flags.get("load_step", 0))
+if flags.get("checkpoint_path"):  # the driver keeps only the save it resumes from
+    assert sorted(os.listdir(flags["checkpoint_path"])) == [str(start)], os.listdir(flags["checkpoint_path"])
+stop = int(os.environ.get("FAKE_STOP_AT", t_max + 50))
 config = {"seed": seed, "name": "qmix", "obs_last_action": False, "obs_agent_id": True, "lr": 0.0005,
-          "local_results_path": flags["local_results_path"], "env_args": {"key": key}}
+          "local_results_path": flags["local_results_path"], "env_args": {"key": key},
+          "checkpoint_path": flags.get("checkpoint_path", ""), "load_step": start}
 (sacred / "config.json").write_text(json.dumps(config))
-(sacred / "run.json").write_text(json.dumps({"status": "COMPLETED"}))
-steps = list(range(50, t_max + 51, int(flags["test_interval"])))
-info = {"test_return_mean": [{"py/object": "numpy.float64", "value": 0.1 * i} for i in range(len(steps))],
-        "test_return_mean_T": steps}
+grid = list(range(50, t_max + 51, int(flags["test_interval"])))  # the tests' steps, as if never stopped
+tests = [i for i, t in enumerate(grid) if start < t <= stop]
+info = {"test_return_mean": [{"py/object": "numpy.float64", "value": 0.1 * i} for i in tests],
+        "test_return_mean_T": [grid[i] for i in tests]}
 (sacred / "info.json").write_text(json.dumps(info))
+now = datetime.now().isoformat()
+status = "INTERRUPTED" if stop <= t_max else "COMPLETED"
+(sacred / "run.json").write_text(json.dumps({"status": status, "start_time": now, "stop_time": now}))
 torch.manual_seed(seed)
 layers = {"fc1": torch.nn.Linear(12 + 2, 8), "rnn": torch.nn.Linear(8, 8), "fc2": torch.nn.Linear(8, 6)}
 state = {f"{n}.{k}": v for n, layer in layers.items() for k, v in layer.state_dict().items()}
-for t in (0, t_max + 50):
-    model = Path(flags["local_results_path"]) / "models" / f"qmix_seed{seed}" / str(t)
+token = f"qmix_seed{seed}_{key}_{now}"  # EPyMARL's unique_token: a new one per run
+for t in ([0] if start == 0 else []) + [min(stop, t_max + 50)]:
+    model = Path(flags["local_results_path"]) / "models" / token / str(t)
     model.mkdir(parents=True)
     torch.save(state, model / "agent.th")
+sys.exit(75 if status == "INTERRUPTED" else 0)
 '''
 
 
-def test_a_peer_run_is_played_on_our_episodes_and_collected_as_a_row(tmp_path):
-    import collect
-
+def fake_epymarl(tmp_path: Path, monkeypatch) -> Path:
     epymarl = tmp_path / "epymarl"
     (epymarl / "src").mkdir(parents=True)
     (epymarl / "src" / "main.py").write_text(FAKE_MAIN)
+    monkeypatch.setattr(epymarl_peer, "LAUNCHER", epymarl / "src" / "main.py")
+    return epymarl
+
+
+def test_a_peer_run_is_played_on_our_episodes_and_collected_as_a_row(tmp_path, monkeypatch):
+    import collect
+
+    epymarl = fake_epymarl(tmp_path, monkeypatch)
     out = tmp_path / "results"
     flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop", "--seeds",
              "0,1", "--total-timesteps", "1000", "--eval-interval", "500", "--out", str(out)]  # fmt: skip
@@ -163,3 +185,193 @@ def test_a_peer_run_is_played_on_our_episodes_and_collected_as_a_row(tmp_path):
     run_dir = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl" / "seed1"
     assert collect.read_json(run_dir / "final_eval.json")["global_step"] == 1050  # the agent saved last
     assert epymarl_peer.main(flags) == 0  # finished seeds are skipped, the row written again
+
+
+def test_a_stopped_seed_resumes_from_its_save_and_its_row_joins_the_segments(tmp_path, monkeypatch, capsys):
+    import collect
+
+    epymarl = fake_epymarl(tmp_path, monkeypatch)
+    out = tmp_path / "results"
+    flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop", "--seeds",
+             "0,", "--total-timesteps", "1000", "--eval-interval", "500", "--out", str(out)]  # fmt: skip
+    run_dir = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl" / "seed0"
+    monkeypatch.setenv("FAKE_STOP_AT", "500")  # EPyMARL stops at step 500, saved there
+    assert epymarl_peer.main(flags) == epymarl_peer.STOPPED
+    assert "the same command resumes seed 0 from its save" in capsys.readouterr().err
+    assert [t for t, _ in epymarl_peer.saves(run_dir)] == [0, 500] and not collect.is_finished(run_dir)
+    monkeypatch.delenv("FAKE_STOP_AT")
+    assert epymarl_peer.main(flags) == 0  # the fake checks that it was handed the save at 500, and it alone
+    assert [t for t, _ in epymarl_peer.saves(run_dir)] == [500, 1050]
+    (entry,) = collect.read_json(out / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl.json")["per_seed"]
+    assert entry["evaluations"] == {"steps": [50, 550, 1050], "returns": [0.0, 0.05, 0.1]}  # as if never stopped
+    record = collect.read_json(run_dir / epymarl_peer.RECORD_NAME)
+    assert [(s["from_step"], s["status"]) for s in record["segments"]] == [(0, "INTERRUPTED"), (500, "COMPLETED")]
+    assert "load_step=500" in record["epymarl_command"]
+    assert collect.read_json(run_dir / "final_eval.json")["global_step"] == 1050
+
+
+def test_segments_chain_in_the_order_they_ran_and_a_restart_replaces_what_it_repeats(tmp_path):
+    import json
+
+    root = tmp_path / "results" / "sacred" / "qmix" / "key"
+
+    def segment(n, minute, from_step, tests, status="INTERRUPTED", seed=0, path="/runs/seed0"):
+        folder = root / str(n)
+        folder.mkdir(parents=True)
+        config = {"seed": seed, "local_results_path": path, "checkpoint_path": "/saves" if from_step else "",
+                  "load_step": from_step}  # fmt: skip
+        # killed: a heartbeat and no stop_time
+        run = {"status": status, "start_time": f"2026-11-29T10:{minute:02d}:00",
+               "heartbeat": f"2026-11-29T10:{minute + 1:02d}:30"}  # fmt: skip
+        info = {"test_return_mean": [float(t) for t in tests], "test_return_mean_T": tests}
+        for name, value in (("config", config), ("run", run), ("info", info)):
+            (folder / f"{name}.json").write_text(json.dumps(value))
+
+    segment(1, 0, 0, [50, 550])  # killed before its first save
+    segment(2, 2, 0, [50, 550, 1050])  # started again from scratch: replaces 1
+    segment(3, 4, 1000, [1050, 1550])  # resumed from its save at 1000
+    segment(4, 6, 900, [950, 1450, 1950], "COMPLETED")  # resumed from an earlier save (3's was lost): replaces 3
+    segment(5, 8, 0, [50], seed=1)  # another seed
+    segment(6, 9, 0, [50], path="/runs/elsewhere")  # another run directory
+    chain = epymarl_peer.sacred_segments(tmp_path, "qmix", "key", 0, Path("/runs/seed0"))
+    assert [(c["dir"].name, c["from_step"], c["wall_s"]) for c in chain] == [("2", 0, 90.0), ("4", 900, 90.0)]
+    steps, values = epymarl_peer.chained_series(chain, "test_return_mean")
+    assert steps.tolist() == [50, 550, 950, 1450, 1950]  # 2's test at 1050 is past the save that 4 resumed from
+    assert values.tolist() == [50.0, 550.0, 950.0, 1450.0, 1950.0]
+
+
+def test_a_signal_to_the_driver_reaches_epymarl_as_sigterm_and_reads_as_stopped(tmp_path):
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    child = (f"import pathlib, signal, sys, time\n"
+             f"def stop(signum, frame):\n    pathlib.Path({str(got)!r}).write_text(str(signum)); sys.exit(75)\n"
+             f"signal.signal(signal.SIGTERM, stop)\n"
+             f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)\n")  # fmt: skip
+    before = signal.getsignal(signal.SIGINT)
+    proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
+
+    def ctrl_c():  # once the child listens and the driver passes signals on
+        while not ready.exists() or signal.getsignal(signal.SIGINT) is before:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(epymarl_peer.Stopped, match="exit status 75"):
+        epymarl_peer.wait_passing_on_signals(proc)
+    assert got.read_text() == str(int(signal.SIGTERM)) and signal.getsignal(signal.SIGINT) is before
+
+
+STUB_EPYMARL = {  # the parts of EPyMARL's src/ that epymarl_launch.py hooks, reduced to what it touches
+    "components/__init__.py": "",
+    "components/episode_buffer.py": """
+from types import SimpleNamespace
+import torch
+class ReplayBuffer:
+    def __init__(self, n):
+        data, episode = {"obs": torch.zeros(n, 3, 2)}, {"s0": torch.zeros(n, 2)}
+        self.data = SimpleNamespace(transition_data=data, episode_data=episode)
+        self.buffer_size, self.buffer_index, self.episodes_in_buffer = n, 0, 0
+""",
+    "learners/__init__.py": """
+import torch
+class RunningMeanStd:
+    def __init__(self):
+        self.mean, self.var, self.count = torch.zeros(1), torch.ones(1), 1e-4
+class MAC:
+    def __init__(self):
+        self.agent = torch.nn.Linear(2, 2)
+class Learner:
+    def __init__(self):
+        self.mac, self.target_mac, self.target_mixer = MAC(), MAC(), torch.nn.Linear(3, 1)
+        self.rew_ms, self.training_steps, self.last_target_update_step = RunningMeanStd(), 0, 0
+    def save_models(self, path):
+        torch.save(self.mac.agent.state_dict(), f"{path}/agent.th")
+    def load_models(self, path):  # as EPyMARL's: the target network becomes a copy of the agent
+        self.mac.agent.load_state_dict(torch.load(f"{path}/agent.th", weights_only=True))
+        self.target_mac.agent.load_state_dict(self.mac.agent.state_dict())
+REGISTRY = {"q_learner": Learner, "also_q": Learner}
+""",
+    "runners/__init__.py": """
+class Runner:
+    def __init__(self, args):
+        self.args, self.t_env, self.closed = args, 0, False
+    def run(self, test_mode=False):
+        return "episode"
+    def close_env(self):
+        self.closed = True
+REGISTRY = {"episode": Runner}
+""",
+}
+
+
+@pytest.fixture
+def launcher(tmp_path, monkeypatch):
+    """results/epymarl_launch.py imported in a checkout of stub EPyMARL modules, its hooks installed."""
+    import importlib.util
+
+    for name, text in STUB_EPYMARL.items():
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    path, before = sys.path[:], set(sys.modules)
+    spec = importlib.util.spec_from_file_location("epymarl_launch_under_test", epymarl_peer.LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        module.install_hooks()
+        yield module
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
+
+
+def test_the_launchers_saves_bring_back_what_epymarls_own_checkpoint_loses(launcher, tmp_path):
+    from components.episode_buffer import ReplayBuffer
+    from learners import REGISTRY
+
+    torch.manual_seed(0)
+    buffer, learner = ReplayBuffer(4), REGISTRY["q_learner"]()
+    buffer.data.transition_data["obs"][:3] = torch.randn(3, 3, 2)
+    buffer.data.episode_data["s0"][:3] = torch.randn(3, 2)
+    buffer.buffer_index = buffer.episodes_in_buffer = 3
+    for net in (learner.target_mac.agent, learner.target_mixer):
+        torch.nn.init.normal_(net.weight)
+    learner.rew_ms.mean, learner.rew_ms.count = torch.tensor([2.0]), 7.0
+    learner.training_steps, learner.last_target_update_step = 11, 10
+    older, save = tmp_path / "models" / "token" / "50", tmp_path / "models" / "token" / "100"
+    for folder in (older, save):
+        folder.mkdir(parents=True)
+        learner.save_models(folder)
+    assert not (older / launcher.STATE_NAME).exists()  # only the newest save keeps the buffer
+    fresh_buffer, fresh = ReplayBuffer(4), REGISTRY["also_q"]()  # a resumed run's, built anew
+    fresh.load_models(save)
+    for a, b in ((fresh.target_mac.agent, learner.target_mac.agent), (fresh.target_mixer, learner.target_mixer)):
+        torch.testing.assert_close(a.state_dict(), b.state_dict())  # not the agent's copy EPyMARL's load makes
+    assert (fresh.rew_ms.mean.item(), fresh.rew_ms.count) == (2.0, 7.0)
+    assert (fresh.training_steps, fresh.last_target_update_step) == (11, 10)
+    assert (fresh_buffer.buffer_index, fresh_buffer.episodes_in_buffer) == (3, 3)
+    torch.testing.assert_close(fresh_buffer.data.transition_data["obs"], buffer.data.transition_data["obs"])
+    torch.testing.assert_close(fresh_buffer.data.episode_data["s0"], buffer.data.episode_data["s0"])
+
+
+def test_the_launcher_saves_at_a_signal_and_at_the_end_of_training(launcher, tmp_path):
+    from learners import REGISTRY
+    from runners import REGISTRY as RUNNERS
+
+    REGISTRY["q_learner"]()
+    runner = RUNNERS["episode"](SimpleNamespace(local_results_path=str(tmp_path), unique_token="token"))
+    runner.t_env = 1234
+    assert runner.run() == "episode" and not (tmp_path / "models").exists()
+    launcher.stop_requested.append(15)
+    assert runner.run(test_mode=True) == "episode"  # a test episode runs on; training stops at its next episode
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert (tmp_path / "models" / "token" / "1234" / launcher.STATE_NAME).is_file()
+    runner.t_env = 2000
+    runner.close_env()
+    assert runner.closed and (tmp_path / "models" / "token" / "2000" / "agent.th").is_file()
