@@ -102,8 +102,9 @@ def with_peer_state(cls) -> None:
 
     def load_models(self, path):
         load(self, path)
-        if (Path(path) / STATE_NAME).is_file():
-            state = torch.load(Path(path) / STATE_NAME, map_location="cpu", weights_only=True)
+        saved = Path(path) / STATE_NAME
+        if saved.is_file():
+            state = torch.load(saved, map_location="cpu", weights_only=True)
             restore_learner(self, state["learner"])
             if "buffer" in state and "buffer" in live:
                 restore_buffer(live["buffer"], state["buffer"])

@@ -131,7 +131,8 @@ def test_imports_go_one_way_inside_every_folder():
 # results/ holds the pipeline that makes the published numbers, and the numbers; bench/ the scripts that write the
 # speed tables of results/speed/ (and the two helpers they share); probes/ the studies that results/'s notes quote.
 # (epymarl_peer.py: a peer's rows, EPyMARL run and played on our protocol, through collect.py like ours)
-PIPELINE = {"run.py", "collect.py", "make_readme.py", "crossplay.py", "tournament.py", "epymarl_peer.py"}
+PIPELINE = {"run.py", "collect.py", "make_readme.py", "crossplay.py", "tournament.py", "epymarl_peer.py",
+            "epymarl_launch.py"}  # fmt: skip
 DATA = {".json", ".jsonl", ".md", ".png", ".pt"}  # .jsonl: a tournament's finished pairs, committed while it runs
 BENCH_HELPERS = {"host.py", "compare_losses.py"}  # imported by the benchmarks; they write no table themselves
 PROBES = {
