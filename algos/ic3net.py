@@ -34,8 +34,8 @@ ALGO = "ic3net"
 class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, evaluation, checkpoints: runtime/args.py
     # --- IC3Net (the learning groups are one team: one reward, the mean of its agents'), trained by PPO ---
     comm: bool = True
-    """exchange messages (--no-comm: every message is zero, the ablation that shows what the messages carry; the gate
-    still acts, and changes nothing)"""
+    """exchange messages (--no-comm: every message is zero and every gate closed, out of the loss: no communication at
+    all, the paper's independent baseline; the ablation that shows what the messages carry)"""
     hidden_size: int = 64
     """width of the encoders, the messages and the GRU (IC3Net's CommNet: 64)"""
     learning_rate: float = 7e-4
@@ -172,6 +172,8 @@ def act(net, obs, h, talk, device, greedy=False):
     h = net.step(net.encode(o), h, alive, talk)
     g_dist = net.gates(h)
     gate = g_dist.mode if greedy else g_dist.sample()
+    if not net.comm_on:  # --no-comm: no gate either (an idle action would only add noise to the update)
+        gate = torch.zeros_like(gate)
     actions, taken, logprobs = {}, {}, {}
     for g, d in net.dists(h, avail).items():
         spec = net.specs[g]
@@ -361,6 +363,8 @@ def update(net, opt, rb, args, device, rng):
             dists, gates, new_v, alive = unroll(net, mb)
             gate_logratio = gates.log_prob(mb["gate"].flatten(0, 1)) - mb["gate_logprobs"].flatten(0, 1)  # (L * B, N)
             gate_entropy = gates.entropy()
+            if not net.comm_on:  # --no-comm: the gates, held closed, are no part of the joint action
+                gate_logratio, gate_entropy = torch.zeros_like(gate_logratio), torch.zeros_like(gate_entropy)
             adv = mb["advantages"]  # (L, B): the team's
             if args.norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)

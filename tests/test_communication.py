@@ -163,6 +163,38 @@ def test_the_update_replays_the_rollout_to_the_log_probs_and_values_it_acted_wit
     torch.testing.assert_close(values, mb["values"])
 
 
+@pytest.mark.parametrize("comm", [True, False])
+def test_ic3net_without_comm_has_no_gate_its_gates_closed_and_out_of_the_update(scripts, comm):
+    """--no-comm is no communication at all (the paper's independent baseline): the gates stay closed when acting
+    and take no part in the update (their head gets no gradient), so the ablation is not a team PPO with an idle
+    extra action. With messages the gates act and learn."""
+    s = scripts["ic3net"]
+    torch.manual_seed(0)
+    args = s["Args"](hidden_size=8, num_steps=10, value_norm=False, comm=comm, update_epochs=2)
+    env = envs.make("simple_spread_v3", 3, 0, backend="numba")
+    specs = dict(env.groups)
+    net = s["IC3Net"](specs, args)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    rb = RolloutBuffer(10, 3, s["rollout_fields"](specs, net.n_agents, args))
+    obs, h, talk = env.reset(), torch.zeros(3, 3, 8), torch.zeros(3, 3)
+    for _ in range(10):
+        stored = {"h": h.numpy().copy(), "starts": np.zeros(3, bool), "talk": talk.numpy().copy()}
+        actions, taken, logprobs, h, (talk, gate_logprobs), values = s["act"](net, obs, h, talk, "cpu")
+        stored |= {"gate": talk.numpy().astype(np.int64), "gate_logprobs": gate_logprobs}
+        step = env.step(actions)
+        rb.add(**s["team_step"](obs, taken, step, specs), **{f"logprobs_{g}": lp for g, lp in logprobs.items()},
+               values=values, truncated=step.truncated, final_values=0 * values, **stored)  # fmt: skip
+        obs = step.next
+    assert (rb["gate"].mean() > 0) == comm  # closed throughout without messages; sampled (about half open) with
+    rb.compute_gae(np.zeros(3, np.float32), args.gamma, args.gae_lambda, rewards="reward")
+    gate, encoders = [p.detach().clone() for p in net.gate.parameters()], net.encoders.state_dict()
+    encoders = {k: v.clone() for k, v in encoders.items()}
+    s["update"](net, opt, rb, args, "cpu", np.random.default_rng(0))
+    moved = lambda before, after: any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))  # noqa: E731
+    assert moved(gate, list(net.gate.parameters())) == comm
+    assert moved(list(encoders.values()), list(net.encoders.state_dict().values()))  # the rest learns either way
+
+
 # --- the scripts end to end ---------------------------------------------------------------------------------------
 
 
