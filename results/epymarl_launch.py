@@ -9,7 +9,8 @@ It imports nothing of ours (EPyMARL's environment is not ours) and changes no st
   own checkpoint leaves out, the learner's target networks, running reward statistics and update counters, and the
   replay buffer's episodes. Only the newest save of a run keeps one (the buffer can take a gigabyte on RWARE).
 * On SIGTERM or SIGINT the run finishes the episode and update it is in, saves at its step and exits with STOPPED
-  (75), sacred's record of it marked INTERRUPTED.
+  (75), sacred's record of it marked INTERRUPTED. So it does when the driver that started it is gone (killed
+  outright: this process runs in its own session, and would otherwise train on with nobody to resume it).
 * When training ends it saves once more, at its last step: EPyMARL's last periodic save can be up to
   `save_model_interval` steps old, and the peer plays the agent saved last.
 On a resume (EPyMARL's `checkpoint_path` and `load_step`) EPyMARL loads its models and optimiser and sets its step
@@ -34,7 +35,7 @@ from components.episode_buffer import ReplayBuffer  # noqa: E402
 from learners import REGISTRY as LEARNERS  # noqa: E402
 from runners import REGISTRY as RUNNERS  # noqa: E402
 
-MAIN_PID = os.getpid()
+MAIN_PID, PARENT_PID = os.getpid(), os.getppid()  # the parent: the driver, results/epymarl_peer.py
 live = {}  # this run's learner and replay buffer, once EPyMARL has built them
 stop_requested = []
 
@@ -126,9 +127,11 @@ def with_stop_and_final_save(cls) -> None:
     run, close_env = cls.run, cls.close_env
 
     def run_hooked(self, test_mode=False):
+        if os.getppid() != PARENT_PID and not stop_requested:  # the driver was killed: nobody would resume us
+            stop_requested.append("the driver's end")
         if stop_requested and not test_mode and "learner" in live:
             save_now(self)
-            print(f"stopped by signal {stop_requested[0]} at t_env {self.t_env}: saved, exiting", flush=True)
+            print(f"stopped by {stop_requested[0]} at t_env {self.t_env}: saved, exiting", flush=True)
             raise KeyboardInterrupt  # sacred writes its last heartbeat (the metrics) and marks the run INTERRUPTED
         return run(self, test_mode=test_mode)
 
@@ -145,7 +148,7 @@ def on_signal(signum, frame) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    stop_requested.append(signum)
+    stop_requested.append(f"signal {signum}")
 
 
 def install_hooks() -> None:

@@ -367,7 +367,7 @@ def test_the_launcher_saves_at_a_signal_and_at_the_end_of_training(launcher, tmp
     runner = RUNNERS["episode"](SimpleNamespace(local_results_path=str(tmp_path), unique_token="token"))
     runner.t_env = 1234
     assert runner.run() == "episode" and not (tmp_path / "models").exists()
-    launcher.stop_requested.append(15)
+    launcher.stop_requested.append("signal 15")
     assert runner.run(test_mode=True) == "episode"  # a test episode runs on; training stops at its next episode
     with pytest.raises(KeyboardInterrupt):
         runner.run()
@@ -375,3 +375,9 @@ def test_the_launcher_saves_at_a_signal_and_at_the_end_of_training(launcher, tmp
     runner.t_env = 2000
     runner.close_env()
     assert runner.closed and (tmp_path / "models" / "token" / "2000" / "agent.th").is_file()
+    launcher.stop_requested.clear()
+    launcher.PARENT_PID = -1  # the driver is gone: the run saves and stops as on a signal
+    runner.t_env = 2100
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert launcher.stop_requested == ["the driver's end"] and (tmp_path / "models" / "token" / "2100").is_dir()
