@@ -45,8 +45,9 @@ def learner_state(learner) -> dict:
     statistics (RunningMeanStd: mean, var, count) and the numbers that schedule updates and target copies."""
     state = {}
     for name, value in vars(learner).items():
-        if name.startswith("target_"):
-            state[name] = getattr(value, "agent", value).state_dict()
+        network = getattr(value, "agent", value)
+        if name.startswith("target_") and hasattr(network, "state_dict"):
+            state[name] = network.state_dict()
         elif type(value).__name__ == "RunningMeanStd":
             state[name] = {"mean": value.mean, "var": value.var, "count": value.count}
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -57,7 +58,7 @@ def learner_state(learner) -> dict:
 def restore_learner(learner, state: dict) -> None:
     for name, value in state.items():
         current = getattr(learner, name)
-        if name.startswith("target_"):
+        if isinstance(value, dict) and name.startswith("target_"):
             getattr(current, "agent", current).load_state_dict(value)
         elif isinstance(value, dict):
             for key, item in value.items():
