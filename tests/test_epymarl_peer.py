@@ -308,6 +308,9 @@ REGISTRY = {"episode": Runner}
 }
 
 
+STUB_PACKAGES = {name.split("/")[0] for name in STUB_EPYMARL}
+
+
 @pytest.fixture
 def launcher(tmp_path, monkeypatch):
     """results/epymarl_launch.py imported in a checkout of stub EPyMARL modules, its hooks installed."""
@@ -326,8 +329,10 @@ def launcher(tmp_path, monkeypatch):
         yield module
     finally:
         sys.path[:] = path
+        # the stubs and the launcher only, never a module of torch's: torch registers its operators once a process
         for name in set(sys.modules) - before:
-            del sys.modules[name]
+            if name.split(".")[0] in {*STUB_PACKAGES, spec.name}:
+                del sys.modules[name]
 
 
 def test_the_launchers_saves_bring_back_what_epymarls_own_checkpoint_loses(launcher, tmp_path):
