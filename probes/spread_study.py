@@ -77,33 +77,48 @@ def markdown(table, level) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plotted(table, level) -> dict[str, dict[int, dict]]:
+    """The settings the plot draws: those with a point at every N (the table has the rest: shorter budgets, single
+    N), so that each line is one study row across N."""
+    every_n = {n for points in level.values() for n in points}
+    return {name: points for name, points in sorted(table.items()) if set(points) == every_n}
+
+
 def plot(table, level, path: Path) -> None:
+    """plotted(): one colour per script, its defaults drawn solid, a variant (`mappo-relations`) dashed; the levels
+    in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    curves = plotted(table, level)
+    scripts = sorted({name.split(",")[0].split("-")[0] for name in curves})
+    colour = {s: f"C{i}" for i, s in enumerate(scripts)}
     with matplotlib.rc_context():
         matplotlib.rcdefaults()
-        fig = Figure(figsize=(6.4, 4.6), dpi=100, layout="constrained")
+        fig = Figure(figsize=(8.4, 4.6), dpi=100, layout="constrained")
         ax = fig.subplots()
         for (name, label), style in zip(LEVELS, ("--", "-.", ":"), strict=True):
             ns = sorted(level[name])
             ax.plot(ns, [level[name][n] for n in ns], color="grey", linestyle=style, marker=".", label=label)
-        for name, points in sorted(table.items()):
+        for name, points in curves.items():
             ns = sorted(points)
             mean = [points[n]["mean"] for n in ns]
             err = [
                 [points[n]["mean"] - points[n]["min"] for n in ns],
                 [points[n]["max"] - points[n]["mean"] for n in ns],
             ]
-            ax.errorbar(ns, mean, yerr=err, marker="o", capsize=3, label=name)
+            script, variant = name.split(",")[0].split("-")[0], "-" in name.split(",")[0]
+            style = dict(linestyle="--", marker="s") if variant else dict(linestyle="-", marker="o")
+            ax.errorbar(ns, mean, yerr=err, capsize=3, color=colour[script], label=name, **style)
         ax.set_xticks(sorted({n for p in level.values() for n in p}))
         ax.set_xlabel("agents (and landmarks), N")
         ax.set_ylabel("final policy: return per agent (1,000 fixed episodes)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.suptitle("simple_spread_v3 against N: mean of the seeds, bars from the worst seed to the best", fontsize=10)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        title = "simple_spread_v3 against N: mean of the seeds, bars from the worst seed to the best"
+        fig.suptitle(f"{title} (the other rows: returns.md)", fontsize=9)
         fig.savefig(path, format="png", metadata={"Software": None})
 
 

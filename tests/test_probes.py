@@ -282,14 +282,18 @@ def test_spread_study_tables_and_plots_each_setting_against_n_beside_the_levels(
 
     (out / "mappo-relations-n6.json").write_text(json.dumps(row("mappo-relations-n6", 6, [-17.0, -15.0])))
     (out / "mappo-relations.json").write_text(json.dumps(row("mappo-relations", 3, [-8.0])))
+    (out / "mappo-relations-n4.json").write_text(json.dumps(row("mappo-relations-n4", 4, [-10.0])))
     (tmp_path / "mappo.json").write_text(json.dumps(row("mappo", 3, [-8.5, -8.1, -8.3], 5_000_000)))
     monkeypatch.setattr(spread_study, "TASK", tmp_path)
     monkeypatch.setattr(spread_study, "OUT", out)
     assert spread_study.main() == 0
     table = (out / "returns.md").read_text()
-    assert "| mappo-relations, 10M | -8.00 (1 seed; -8.00 to -8.00) | – | -16.00 (2 seeds; -17.00 to -15.00) |" in table
+    rel = "-8.00 (1 seed; -8.00 to -8.00) | -10.00 (1 seed; -10.00 to -10.00) | -16.00 (2 seeds; -17.00 to -15.00)"
+    assert f"| mappo-relations, 10M | {rel} |" in table
     assert "| mappo, 5M | -8.30 (3 seeds; -8.50 to -8.10) | – | – |" in table
     assert "| scripted controller | -8.81 | -10.73 | -14.63 |" in table
+    drawn = spread_study.plotted(spread_study.rows(), spread_study.levels())
+    assert list(drawn) == ["mappo-relations, 10M"]  # mappo (N = 3 alone) stays in the table
     first = (out / "returns.png").read_bytes()
     spread_study.main()
     assert (out / "returns.png").read_bytes() == first  # the JSON alone decides the bytes
