@@ -84,6 +84,12 @@ def plotted(table, level) -> dict[str, dict[int, dict]]:
     return {name: points for name, points in sorted(table.items()) if set(points) == every_n}
 
 
+def script_of(name: str) -> tuple[str, bool]:
+    """A setting's script and whether it is a variant: `mappo-relations, 10M` -> (`mappo`, True)."""
+    label = name.split(",")[0]
+    return label.split("-")[0], "-" in label
+
+
 def plot(table, level, path: Path) -> None:
     """plotted(): one colour per script, its defaults drawn solid, a variant (`mappo-relations`) dashed; the levels
     in grey."""
@@ -93,7 +99,7 @@ def plot(table, level, path: Path) -> None:
     from matplotlib.figure import Figure
 
     curves = plotted(table, level)
-    scripts = sorted({name.split(",")[0].split("-")[0] for name in curves})
+    scripts = sorted({script_of(name)[0] for name in curves})
     colour = {s: f"C{i}" for i, s in enumerate(scripts)}
     with matplotlib.rc_context():
         matplotlib.rcdefaults()
@@ -109,7 +115,7 @@ def plot(table, level, path: Path) -> None:
                 [points[n]["mean"] - points[n]["min"] for n in ns],
                 [points[n]["max"] - points[n]["mean"] for n in ns],
             ]
-            script, variant = name.split(",")[0].split("-")[0], "-" in name.split(",")[0]
+            script, variant = script_of(name)
             style = dict(linestyle="--", marker="s") if variant else dict(linestyle="-", marker="o")
             ax.errorbar(ns, mean, yerr=err, capsize=3, color=colour[script], label=name, **style)
         ax.set_xticks(sorted({n for p in level.values() for n in p}))
