@@ -21,10 +21,10 @@ from runtime import (
     checkpoint_args,
     cli,
     clip_grad_norm,
+    groups_state,
     make_env,
     reset_finished,
     setup,
-    sub_state,
 )
 
 ALGO = "commnet"
@@ -190,13 +190,14 @@ def acting(net, args, device, greedy=True) -> MakePolicy:
 def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor, its agents talking among themselves: --opponent, --self-play,
     results/tournament.py (runtime.opponents)."""
+    return team_actor(ckpt, {group: spec}, device, greedy)
+
+
+def team_actor(ckpt, specs, device, greedy=True) -> MakePolicy:
+    """The groups `specs` of a checkpoint as one team talking as in training (runtime.opponents.load_team)."""
     args = checkpoint_args(Args, ckpt["args"])
-    net = CommNet({group: spec}, args).to(device)
-    state = ckpt["nets"]["commnet"]
-    own = {k: v for k, v in state.items() if not k.startswith(("obs_norms.", "encoders.", "heads.", "logstd."))}
-    for part in ("obs_norms", "encoders", "heads", "logstd"):
-        own |= {f"{part}.{group}{k}": v for k, v in sub_state(state, f"{part}.{group}").items()}
-    net.load_state_dict(own)
+    net = CommNet(specs, args).to(device)
+    net.load_state_dict(groups_state(ckpt["nets"]["commnet"], specs, ("obs_norms", "encoders", "heads", "logstd")))
     return acting(net, args, device, greedy)
 
 

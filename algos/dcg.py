@@ -21,12 +21,12 @@ from runtime import (
     cli,
     crossings,
     episode_length,
+    groups_state,
     linear_schedule,
     make_env,
     reset_finished,
     setup,
     soft_update,
-    sub_state,
 )
 
 ALGO = "dcg"
@@ -206,13 +206,17 @@ def acting(dcg, specs, args, device, epsilon) -> MakePolicy:
 def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy), its agents coordinated by
     the same kind of graph among themselves: --opponent, --self-play, results/tournament.py (runtime.opponents)."""
+    return team_actor(ckpt, {group: spec}, device, greedy)
+
+
+def team_actor(ckpt, specs, device, greedy=True) -> MakePolicy:
+    """The groups `specs` of a checkpoint as one team on one graph, as in training (runtime.opponents.load_team)."""
     args = checkpoint_args(Args, ckpt["args"])
     out = ckpt["nets"]["dcg"]["payoff.bias"].numel()
     n_actions = out // (2 * args.payoff_rank) if args.payoff_rank else round(out**0.5)
-    dcg = DCG({group: spec}, args, n_actions).to(device)
-    dcg.agents[group].load_state_dict(sub_state(ckpt["nets"]["dcg"], f"agents.{group}."))
-    dcg.payoff.load_state_dict(sub_state(ckpt["nets"]["dcg"], "payoff."))
-    return acting(dcg, {group: spec}, args, device, 0.0 if greedy else args.end_e)
+    dcg = DCG(specs, args, n_actions).to(device)
+    dcg.load_state_dict(groups_state(ckpt["nets"]["dcg"], specs, ("agents",)))
+    return acting(dcg, specs, args, device, 0.0 if greedy else args.end_e)
 
 
 NETWORK_FLAGS = ("hidden_size", "share_params", "payoff_rank")  # what the weights depend on

@@ -8,7 +8,9 @@ partner's last symbol (one of 10); it cannot see its own target. In simple_speak
 only the colour of the listener's target and says one of 3 symbols; the listener sees the landmarks and the symbol,
 and moves. A team that does not communicate can do no better than waiting at a point between the three landmarks.
 For each checkpoint (and a uniformly random policy, for the floor) the probe plays the final evaluation's episodes
-of protocol v2 (mpe2's env i seeded 10000 + i), greedily, and reports from the agents' own observations:
+of protocol v2 (mpe2's env i seeded 10000 + i), greedily, every group of the checkpoint together as it was trained
+(`runtime.opponents.load_team`: the speaker and the listener of dcg.py on one graph, of the communication scripts on
+one channel of messages), and reports from the agents' own observations:
 
 * `return`: the episode return (the mean over agents), equal to the seed's final-policy number in results/.
 * `reach`: the fraction of (episode, mover) where the agent that must reach a target (both agents of
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from envs import make  # noqa: E402
 from runtime.checkpoint import read_checkpoint  # noqa: E402
 from runtime.evaluation import FINAL_SEED  # noqa: E402
-from runtime.opponents import load_actor, random_actor  # noqa: E402
+from runtime.opponents import load_team, random_actor  # noqa: E402
 
 MOVES, LANDMARKS = 5, 3  # mpe2's discrete moves (1 -x, 2 +x, 3 -y, 4 +y) and the tasks' landmarks
 
@@ -174,10 +176,8 @@ def actors_of(path, env_id, specs, episodes):
     rng = np.random.default_rng(0)
     if path == "random":
         return task, {g: random_actor(spec)(episodes, rng) for g, spec in specs.items()}
-    ckpt = read_checkpoint(path)
-    makers = {g: load_actor(path, env_id, spec, g, torch.device("cpu"), greedy=True, ckpt=ckpt)
-              for g, spec in specs.items()}  # fmt: skip
-    return task, {g: m(episodes, rng) for g, m in makers.items()}
+    team = load_team(path, env_id, specs, torch.device("cpu"), greedy=True)  # every group as trained: jointly, if so
+    return task, {"team": team(episodes, rng)}
 
 
 def main(argv=None):

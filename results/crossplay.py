@@ -50,7 +50,7 @@ from collect import git_commit  # noqa: E402
 import envs  # noqa: E402
 from runtime.checkpoint import copy_policy, read_checkpoint  # noqa: E402
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate  # noqa: E402
-from runtime.opponents import Frozen, load_actor  # noqa: E402
+from runtime.opponents import Frozen, load_actor, script_module  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent
 
@@ -77,8 +77,8 @@ def split_teams(text: str | None, groups: list[str]) -> tuple[list[str], list[st
 
 
 class Unmappable(ValueError):
-    """A discrete team that cannot play in the continuous env (no continuous twin of its actions): the pair is left
-    out."""
+    """A discrete team that cannot play in the continuous env (no continuous twin of its actions), or a team of
+    several groups whose script acts for them jointly: the pair is left out."""
 
 
 MOVES = 5  # mpe2's movement actions: none, -x, +x, -y, +y
@@ -114,6 +114,9 @@ def team_actors(path: Path, env_id: str, team: list[str], specs: dict, continuou
     """group -> (make, the checkpoint's group it reads) for every group of `team`, from the checkpoint at `path`."""
     ckpt = read_checkpoint(str(path))
     continuous = bool(ckpt["args"].get("continuous_actions"))
+    if len(team) > 1 and hasattr(script_module(ckpt["algo"]), "team_actor"):
+        raise Unmappable(f"{path}: {ckpt['algo']}'s agents act jointly across the groups {team} (runtime.opponents."
+                         f"load_team), and cross-play plays a team group by group")  # fmt: skip
     actors = {}
     for g in team:
         own, played = specs[continuous][g], specs[continuous_env][g]

@@ -126,7 +126,7 @@ from runtime.args import (
     setup,
 )
 from runtime.categorical import Categorical
-from runtime.checkpoint import CheckpointError, load_checkpoint, restore, save_checkpoint, sub_state
+from runtime.checkpoint import CheckpointError, groups_state, load_checkpoint, restore, save_checkpoint, sub_state
 from runtime.checks import (
     ArgumentError,
     CheckpointPlayed,
@@ -181,6 +181,7 @@ __all__ = [
     "evaluate",
     "fast_acting",
     "feature_norm",
+    "groups_state",
     "gru_sequence",
     "load_checkpoint",
     "make_env",

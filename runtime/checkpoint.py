@@ -185,6 +185,13 @@ def sub_state(state_dict: dict, prefix: str) -> dict:
     return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
 
 
+def groups_state(state_dict: dict, groups, parts: tuple[str, ...]) -> dict:
+    """The entries of `state_dict` that the same network rebuilt for `groups` (some of the groups it was trained on)
+    holds: every entry outside the per-group submodules `parts` (ModuleDicts or ParameterDicts keyed by group, e.g.
+    ("encoders", "heads")), and the entries of `parts` under one of `groups`."""
+    return {k: v for k, v in state_dict.items() if (key := k.split("."))[0] not in parts or key[1] in groups}
+
+
 def pack(tree):
     """`tree` (nested dicts, lists, tuples of numpy arrays, tensors, numbers, None) in types `torch.load(...,
     weights_only=True)` reads: each numpy array becomes {"ndarray": tensor}. `unpack` inverts it."""

@@ -11,13 +11,16 @@ Every script names the parts of its acting by their role, with the types below:
     act(...)                                       # the actions of one training step (exploration, what is stored)
     acting(networks, ..., greedy=True) -> MakePolicy              # the networks as a policy: the evaluations' own
     actor(ckpt, group, spec, device, greedy=True) -> MakePolicy   # a checkpoint's group as one (CheckpointActor)
+    team_actor(ckpt, specs, device, greedy=True) -> MakePolicy    # its groups `specs` as one, where agents act jointly
 
     make(num_envs, rng) -> act_fn(obs, done) -> {group: actions}  # a MakePolicy, and the Act it returns
 
 `obs` is an `Observation` holding `group` (at least), `done` the previous step's (E,) done mask (None at the first
 step, for actors with a hidden state to reset); the actions are what `env.step` takes for the group. `load_actor`
 validates a checkpoint file (env, group shape, weights) and calls the `actor` of the script that wrote it, so a
-MAPPO checkpoint can play against an IQL learner.
+MAPPO checkpoint can play against an IQL learner. A script whose agents act jointly across groups (a coordination
+graph, messages) also has `team_actor`, its `actor` being the one-group case: `load_team` plays several groups of
+one checkpoint as trained.
 """
 
 from __future__ import annotations
@@ -98,6 +101,34 @@ def load_actor(
 ) -> MakePolicy:
     """Group `source` of the checkpoint at `path` (or the dict `ckpt`) as an actor for a group shaped `spec`:
     `make(num_envs, rng) -> act(obs, done) -> actions`, acting on `obs.obs[source]`. Every mismatch is one line."""
+    ckpt = checked_checkpoint(path, env_id, {source: spec}, ckpt)
+    script = script_module(ckpt["algo"])
+    return built(path, ckpt, lambda: script.actor(ckpt, source, spec, device, greedy))
+
+
+def load_team(path: str, env_id: str, specs: dict, device, greedy: bool = True, ckpt: dict | None = None) -> MakePolicy:
+    """The checkpoint's groups `specs` (group -> the spec of the env's group of that name) as one policy, acting as
+    they were trained together: by the script's `team_actor` where its agents act jointly across groups (dcg's
+    coordination graph, the messages of commnet, ic3net and tarmac), else each group by its `actor`, each with its
+    own random stream. On every group of its run, it plays what the run's own evaluations played (a probe of a
+    two-group team: probes/comm_probe.py); `actor` alone would cut a joint team at its groups' borders."""
+    ckpt = checked_checkpoint(path, env_id, specs, ckpt)
+    script = script_module(ckpt["algo"])
+    specs = {g: specs[g] for g in ckpt["signature"] if g in specs}  # the training's order of groups
+    if hasattr(script, "team_actor"):
+        return built(path, ckpt, lambda: script.team_actor(ckpt, specs, device, greedy))
+    makers = [built(path, ckpt, lambda g=g, s=s: script.actor(ckpt, g, s, device, greedy)) for g, s in specs.items()]
+
+    def make(num_envs, rng):
+        acts = [m(num_envs, r) for m, r in zip(makers, rng.spawn(len(makers)), strict=True)]
+        return lambda obs, done: {g: a for act in acts for g, a in act(obs, done).items()}
+
+    return make
+
+
+def checked_checkpoint(path: str, env_id: str, specs: dict, ckpt: dict | None = None) -> dict:
+    """The checkpoint at `path` (or `ckpt`), checked to play the groups `specs` (the checkpoint's group -> the spec
+    of the group it would play) on `env_id`: a CheckpointError of one line for every mismatch."""
     ckpt = read_checkpoint(path) if ckpt is None else ckpt
     if not all(k in ckpt for k in ("algo", "env_id", "signature", "args", "nets")):
         raise CheckpointError(f"checkpoint {path} is not a checkpoint of these scripts (it lacks algo, env_id, "
@@ -106,21 +137,30 @@ def load_actor(
         raise CheckpointError(f"checkpoint {path} was trained on {ckpt['env_id']}, not {env_id}: an opponent "
                               f"plays the env it learned")  # fmt: skip
     groups = [g for g in ckpt["signature"] if g != "state_shape"]
-    if source not in groups:
-        frozen = ckpt["args"].get("random_groups", []) + [o.partition("=")[0] for o in ckpt["args"].get("opponent", [])]
-        why = " (it did not learn there: it was frozen)" if source in frozen or source == ckpt["args"].get(
-            "self_play") else ""  # fmt: skip
-        raise CheckpointError(f"checkpoint {path} has no trained group {source!r}{why}; its groups are {groups}: "
-                              f"pick one with GROUP=PATH@CKPT_GROUP")  # fmt: skip
-    if ckpt["signature"][source] != group_signature(spec):
-        raise CheckpointError(f"checkpoint {path}: its group {source!r} has [agents, observation shape, discrete, "
-                              f"actions] {ckpt['signature'][source]}, but the group {spec.name!r} it would play has "
-                              f"{group_signature(spec)}")  # fmt: skip
+    args = ckpt["args"]
+    frozen = [
+        *args.get("random_groups", []),
+        *(o.partition("=")[0] for o in args.get("opponent", [])),
+        args.get("self_play"),
+    ]
+    for source, spec in specs.items():
+        if source not in groups:
+            why = " (it did not learn there: it was frozen)" if source in frozen else ""
+            raise CheckpointError(f"checkpoint {path} has no trained group {source!r}{why}; its groups are {groups}: "
+                                  f"pick one with GROUP=PATH@CKPT_GROUP")  # fmt: skip
+        if ckpt["signature"][source] != group_signature(spec):
+            raise CheckpointError(f"checkpoint {path}: its group {source!r} has [agents, observation shape, discrete, "
+                                  f"actions] {ckpt['signature'][source]}, but the group {spec.name!r} it would play "
+                                  f"has {group_signature(spec)}")  # fmt: skip
     if bad := non_finite(ckpt["nets"]):
         raise CheckpointError(f"checkpoint {path} holds non-finite weights ({', '.join(bad[:3])})")
-    actor: CheckpointActor = script_module(ckpt["algo"]).actor
+    return ckpt
+
+
+def built(path: str, ckpt: dict, build) -> MakePolicy:
+    """`build()` (a script's actor or team_actor on `ckpt`), its failure to fit the script's networks one line."""
     try:
-        return actor(ckpt, source, spec, device, greedy)
+        return build()
     except (RuntimeError, KeyError, ValueError, TypeError) as e:  # another layout, or an older version's
         detail = " ".join(str(e).split())[:200]
         raise CheckpointError(f"checkpoint {path} does not fit {ckpt['algo']}.py's networks ({type(e).__name__}: "

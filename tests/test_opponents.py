@@ -14,7 +14,7 @@ from script_runs import run_inline, scalars
 import envs
 from envs.api import GroupSpec, Observation
 from runtime import FINAL_SEED, evaluate
-from runtime.opponents import Frozen, load_actor, parse_opponent, random_actor
+from runtime.opponents import Frozen, load_actor, load_team, parse_opponent, random_actor
 
 ADVERSARY = ["--env", "simple_adversary_v3"]
 # tiny runs: a few updates, then the final policy plays the first episodes of the fixed set
@@ -69,6 +69,25 @@ def test_every_scripts_actor_replays_its_final_evaluation(algo, tmp_path, capsys
     returns, per_group = replay(env_id, makers, 6, **kwargs)
     np.testing.assert_allclose(returns, final["returns"], atol=1e-3)
     assert set(per_group) == set(ckpt["signature"]) - {"state_shape"}
+
+
+@pytest.mark.parametrize("algo", ["dcg", "commnet", "ic3net", "tarmac", "qmix"])
+def test_load_team_replays_a_two_group_teams_final_evaluation(algo, tmp_path, capsys):
+    """The speaker and the listener (two groups) of one checkpoint, by load_team, play the fixed episodes exactly as
+    the run's own final policy: jointly (one coordination graph, one channel of messages: team_actor) or group by
+    group (qmix). A joint team cut at its groups' borders (load_actor per group) plays another policy."""
+    env_id = "simple_speaker_listener_v4"
+    final = train(capsys, algo, tmp_path, "--env", env_id)
+    groups = dict(envs.make(env_id, 1, 0, backend="pettingzoo").groups)
+    make_env = lambda n, seed: envs.make(env_id, n, seed, backend="pettingzoo")  # noqa: E731
+    team = load_team(str(tmp_path / "last.pt"), env_id, groups, "cpu")
+    returns, _ = evaluate(make_env, team, 6, FINAL_SEED)
+    np.testing.assert_allclose(returns, final["returns"], atol=1e-3)
+    if algo == "ic3net":
+        return  # a tiny run's greedy gates (the mode of near-even logits) may leave one deaf: a cut may change nothing
+    cut, _ = replay(env_id, {g: (load_actor(str(tmp_path / "last.pt"), env_id, s, g, "cpu"), g) for g, s in
+                             groups.items()}, 6)  # fmt: skip
+    assert (algo == "qmix") == np.allclose(cut, final["returns"], atol=1e-3)
 
 
 def test_an_opponent_from_another_script_plays_as_its_checkpoint(tmp_path, capsys):
@@ -435,6 +454,17 @@ def test_crossplay_leaves_out_a_discrete_team_whose_actions_have_no_continuous_t
     monkeypatch.setattr(crossplay, "continuous_twin", lambda n, d: None)  # as if mpe2 had no twin of them
     with pytest.raises(crossplay.Unmappable, match="'leadadversary' has 20 discrete actions but 9 continuous"):
         crossplay.team_actors(ckpt, env_id, team, specs, True)
+
+
+def test_crossplay_leaves_out_a_team_of_several_groups_that_its_script_plays_jointly(tmp_path):
+    """DCG's graph spans alice and bob (two groups, one team): cut group by group, it would be another policy."""
+    env_id = "simple_crypto_v3"
+    run_inline(NoCapture(), "dcg", *TINY["dcg"], *EVAL, "--env", env_id, "--random-groups", "eve", "--run-dir",
+               tmp_path)  # fmt: skip
+    specs = {c: dict(crossplay.make(env_id, 1, 0, c, "numba").groups) for c in (False, True)}
+    assert set(crossplay.team_actors(tmp_path / "last.pt", env_id, ["bob"], specs, False)) == {"bob"}
+    with pytest.raises(crossplay.Unmappable, match="dcg's agents act jointly across the groups"):
+        crossplay.team_actors(tmp_path / "last.pt", env_id, ["alice", "bob"], specs, False)
 
 
 def test_crossplay_summary_averages_each_team_over_its_opponents_across_tasks():
