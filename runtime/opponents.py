@@ -120,7 +120,8 @@ def load_team(path: str, env_id: str, specs: dict, device, greedy: bool = True, 
     makers = [built(path, ckpt, lambda g=g, s=s: script.actor(ckpt, g, s, device, greedy)) for g, s in specs.items()]
 
     def make(num_envs, rng):
-        acts = [m(num_envs, r) for m, r in zip(makers, rng.spawn(len(makers)), strict=True)]
+        streams = rng.integers(2**63, size=len(makers))  # a stream of its own for each group (numpy 1.24: no spawn)
+        acts = [m(num_envs, np.random.default_rng(s)) for m, s in zip(makers, streams, strict=True)]
         return lambda obs, done: {g: a for act in acts for g, a in act(obs, done).items()}
 
     return make
