@@ -168,15 +168,16 @@ def probe(task, actors: dict, episodes: int) -> dict:
     }
 
 
-def actors_of(path, env_id, specs, episodes):
-    """{group: act} of one policy: "random", "scripted", or a checkpoint's greedy actors (every group of it)."""
+def actors_of(path, env_id, specs, episodes, ckpt=None):
+    """{group: act} of one policy: "random", "scripted", or a checkpoint's greedy actors (every group of it;
+    `ckpt`: the checkpoint already read, else read here)."""
     task = TASKS[env_id](specs)
     if path == "scripted":
         return task, task.scripted()
     rng = np.random.default_rng(0)
     if path == "random":
         return task, {g: random_actor(spec)(episodes, rng) for g, spec in specs.items()}
-    team = load_team(path, env_id, specs, torch.device("cpu"), greedy=True)  # every group as trained: jointly, if so
+    team = load_team(path, env_id, specs, torch.device("cpu"), greedy=True, ckpt=ckpt)  # every group as trained
     return task, {"team": team(episodes, rng)}
 
 
@@ -195,7 +196,7 @@ def main(argv=None):
         env = make(args.env_id, num_envs=1, seed=0, backend="numba", continuous_actions=continuous)
         specs = dict(env.groups)
         env.close()
-        task, actors = actors_of(path, args.env_id, specs, args.episodes)
+        task, actors = actors_of(path, args.env_id, specs, args.episodes, ckpt)
         row = {"policy": path, "algo": ckpt["algo"] if ckpt else path, **probe(task, actors, args.episodes)}
         print(json.dumps(row), flush=True)
         rows.append(row)
