@@ -330,3 +330,52 @@ def test_foraging_inputs_gives_every_food_and_player_its_offset_from_the_agent(t
     assert iql.GroupQ.forward.__name__ == "egocentric_forward"  # the run's networks read the egocentric frame
     refused = script_runs.run_captured(script, "--env-id", "simple_v3", check=False)
     assert refused.returncode != 0 and "Level-Based Foraging" in refused.stderr
+
+
+@pytest.mark.parametrize("variant", ["base", "alt"])
+def test_qtran_probe_plays_the_run_and_ascends_its_joint_value_to_a_local_maximum(tmp_path, capsys, variant):
+    """A two-group qtran.py checkpoint (the speaker's 3 actions, the listener's 5): the probe's `agents` row is the
+    run's own final policy; Q_jt's ascent never lowers Q_jt, ends where no one agent's move raises it, and stays at or
+    below the brute-force maximum over the 15 joint actions; an agent's deviations are Q_jt at those joint actions."""
+    import qtran_probe
+    import torch
+
+    script_runs.run_inline(capsys, "qtran", "--env-id", "simple_speaker_listener_v4", "--variant", variant,
+                           "--num-envs", 4, "--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 4,
+                           "--eval-interval", 0, "--final-eval-episodes", 20, "--run-dir", tmp_path)  # fmt: skip
+    qtran_probe.main([str(tmp_path / "last.pt"), "--episodes", "20", "--out", str(tmp_path / "probe.json")])
+    rows = json.loads((tmp_path / "probe.json").read_text())
+    assert [r["policy"] for r in rows] == ["agents", "joint"]
+    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"]
+    assert rows[0]["return"] == pytest.approx(float(np.mean(final)), abs=1e-4)
+    assert all(0 <= r["moved"] <= 1 and r["spread"] >= 0 and r["opt_gap"] >= 0 for r in rows)
+
+    net, specs, args = qtran_probe.load(str(tmp_path / "last.pt"))
+    team = qtran_probe.Team(net, specs, variant == "alt")
+    env = qtran_probe.make(args.env_id, num_envs=8, seed=1, backend="numba")
+    hidden = {g: torch.zeros(1, 8, spec.n_agents, args.hidden_size) for g, spec in specs.items()}
+    with torch.no_grad():
+        greedy = team.observe(env.reset(), hidden).argmax(-1)
+        joint = team.ascend(greedy)
+        sizes = [spec.action_dim for spec in specs.values() for _ in range(spec.n_agents)]
+        assert sizes == [3, 5]
+        for i, n in enumerate(sizes):  # where the ascent ends, no one agent's move raises Q_jt (alt: its own head's)
+            d = team.deviations(joint, i)
+            assert (d.max(-1).values <= d.gather(-1, joint[:, i : i + 1])[:, 0] + 1e-5).all()
+            assert torch.isinf(d[:, n:]).all()  # the padded actions are never chosen
+        if variant == "base":  # one Q_jt: the ascent climbs it, and an agent's deviations are Q_jt's values
+            assert all(r["gain"] >= 0 for r in rows)
+            q_joint = team.value(joint)[0]
+            assert (q_joint >= team.value(greedy)[0] - 1e-6).all()
+            every = [team.value(u.expand(8, 2))[0] for u in torch.cartesian_prod(*map(torch.arange, sizes))]
+            every = torch.stack(every)
+            assert (q_joint <= every.max(0).values + 1e-5).all()
+            for i, n in enumerate(sizes):
+                d = team.deviations(joint, i)
+                for a in range(n):
+                    u = joint.clone()
+                    u[:, i] = a
+                    assert torch.allclose(d[:, a], team.value(u)[0], atol=1e-5)
+    env.close()
+    with pytest.raises(SystemExit, match="does not exist"):
+        qtran_probe.load(str(tmp_path / "missing.pt"))

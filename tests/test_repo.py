@@ -145,6 +145,7 @@ PROBES = {
     "spread_credit.py",
     "spread_encoder.py",
     "spread_study.py",
+    "qtran_probe.py",
 }
 
 
