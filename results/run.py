@@ -556,6 +556,16 @@ def run_ray(specs: list[tuple[Run, dict]], args: argparse.Namespace, on_done) ->
         ray.shutdown()
 
 
+def joined_extra(argv: list[str]) -> list[str]:
+    """`--extra VALUE` as `--extra=VALUE`: argparse takes a value that starts with a dash (`--extra --rnn`) for an
+    option of run.py's own and stops with "expected one argument"; the next word is always --extra's."""
+    out, rest = [], iter(argv)
+    for word in rest:
+        value = next(rest, None) if word == "--extra" else None
+        out.append(word if value is None else f"--extra={value}")
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The sweep's command line."""
     parser = argparse.ArgumentParser(
@@ -568,7 +578,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--extra",
         default="",
-        help="flags for every script: '--num-envs 32' (one flag alone: --extra=--cuda); not those run.py sets itself",
+        help="flags for every script: '--num-envs 32', --rnn; not those run.py sets itself",
     )
     parser.add_argument(
         "--variant",
@@ -588,7 +598,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpus-per-run", type=float, default=0, help="GPUs a Ray task asks for (default 0)")
     parser.add_argument("--no-collect", action="store_true", help="do not write the result JSON files")
     parser.add_argument("--no-readme", action="store_true", help="do not regenerate <out>/README.md")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(joined_extra(sys.argv[1:] if argv is None else argv))
     if args.total_timesteps < 1:
         parser.error("--total-timesteps must be >= 1")
     if args.variant and not args.variant.replace("_", "").replace("-", "").isalnum():

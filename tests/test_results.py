@@ -149,6 +149,21 @@ def test_dry_run_prints_the_exact_commands(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_extra_takes_a_lone_flag_as_its_value(tmp_path, capsys):
+    """`--extra --rnn` passes --rnn to the scripts, as `--extra=--rnn` does (argparse alone stops at it)."""
+    argv = ["--algos", "fake_a", "--envs", "env_x", "--seeds", "0,", "--total-timesteps", "7", "--dry-run"]
+    argv += ["--algos-dir", str(FAKES), "--out", str(tmp_path)]
+    commands = []
+    for extra in (["--extra", "--fast"], ["--extra=--fast"], ["--extra", "--fast --num-envs 4"]):
+        assert sweep_runner.main([*argv, *extra]) == 0
+        commands.append(capsys.readouterr().out.strip())
+    assert commands[0] == commands[1] and commands[0].endswith("/seed0 --fast")
+    assert commands[2].endswith("/seed0 --fast --num-envs 4")
+    with pytest.raises(SystemExit):  # --extra with nothing after it is still argparse's error
+        sweep_runner.main([*argv, "--extra"])
+    assert "expected one argument" in capsys.readouterr().err
+
+
 def test_variant_labels_the_run_directories_and_rejects_path_characters(tmp_path, capsys):
     argv = ["--algos", "fake_a", "--envs", "env_x", "--seeds", "1", "--total-timesteps", "7", "--dry-run"]
     argv += ["--algos-dir", str(FAKES), "--out", str(tmp_path), "--extra=--fast"]
