@@ -278,11 +278,15 @@ def main(args):
 # --- what the loop calls: the QTRAN update ---
 
 
-def group_outputs(agents, mb):
+def group_outputs(agents, mb, hidden=None):
     """Every learning group's utilities, GRU features, alive and action masks over the batch, concatenated over
-    agents; utilities padded with -inf (and masked out) to the largest group's action count."""
-    outs = {g: net(mb[f"obs_{g}"]) for g, net in agents.items()}  # Q (L + 1, B, A, n), h, features (L + 1, B, A, H)
-    n = max(q.shape[-1] for q, _, _ in outs.values())
+    agents; utilities padded with -inf (and masked out) to the largest group's action count. `hidden` (group -> GRU
+    state, advanced in place) continues the groups' recurrence from a stored state (probes/qtran_probe.py, a step at a
+    time); without it each sequence starts from zero, as the replay's episodes do."""
+    outs = {g: net(mb[f"obs_{g}"], None if hidden is None else hidden[g]) for g, net in agents.items()}
+    if hidden is not None:
+        hidden.update({g: h for g, (_, h, _) in outs.items()})
+    n = max(q.shape[-1] for q, _, _ in outs.values())  # Q (L + 1, B, A, n), h, features (L + 1, B, A, H)
     qs, features, alive, avail = [], [], [], []
     for g, (q, _, f) in outs.items():
         a = mb[f"avail_{g}"].bool() if f"avail_{g}" in mb else torch.ones_like(q, dtype=torch.bool)

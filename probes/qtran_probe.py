@@ -69,21 +69,15 @@ class Team:
 
     def __init__(self, net, specs, alt):
         self.net, self.specs, self.alt = net, specs, alt
-        self.n = max(spec.action_dim for spec in specs.values())
+        self.n = max(spec.action_dim for spec in specs.values())  # the padded action count, as group_outputs'
 
-    def observe(self, obs, hidden):  # -> utilities (E, N, n), features (E, N, H), alive (E, N), valid (E, N, n), state
-        qs, features, alive, valid = [], [], [], []
-        for g, spec in self.specs.items():
-            q, hidden[g], f = self.net.agents[g](float_tensor(obs.obs[g], "cpu")[None], hidden[g])
-            ok = torch.arange(self.n) < spec.action_dim
-            if (avail := obs.avail_actions.get(g)) is not None:
-                ok = ok & F.pad(torch.tensor(avail, dtype=torch.bool), (0, self.n - spec.action_dim))
-            valid.append(ok.expand(*q.shape[1:3], self.n))
-            qs.append(F.pad(q[0], (0, self.n - spec.action_dim)).masked_fill(~valid[-1], -torch.inf))
-            features.append(f[0])
-            alive.append(torch.tensor(obs.agent_mask[g], dtype=torch.float32))  # a copy: the env's mask is read-only
-        self.q, self.features = torch.cat(qs, 1), torch.cat(features, 1)
-        self.alive, self.valid, self.state = torch.cat(alive, 1), torch.cat(valid, 1), torch.tensor(obs.state)
+    def observe(self, obs, hidden):  # -> utilities (E, N, n); keeps features (E, N, H), alive, valid (E, N, n), state
+        mb = {f"obs_{g}": float_tensor(obs.obs[g], "cpu")[None] for g in self.specs}  # one step: (1, E, A, ...)
+        mb |= {f"agent_mask_{g}": torch.tensor(m, dtype=torch.float32)[None] for g, m in obs.agent_mask.items()}
+        mb |= {f"avail_{g}": torch.tensor(a)[None] for g, a in obs.avail_actions.items() if a is not None}
+        q, features, alive, valid = (x[0] for x in qtran.group_outputs(self.net.agents, mb, hidden))
+        self.q, self.features, self.alive, self.valid = q.masked_fill(~valid, -torch.inf), features, alive, valid
+        self.state = torch.tensor(obs.state)
         return self.q
 
     def value(self, u):  # Q_jt(s, u) and V(s) for joint actions u (E, N)
