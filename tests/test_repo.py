@@ -179,3 +179,25 @@ def test_the_readme_layout_names_every_top_level_folder():
     listed = set(re.findall(r"^(\w+)/ ", block, flags=re.M))
     folders = {f.parts[0] for f in repository_files() if len(f.parts) > 1 and not f.parts[0].startswith(".")}
     assert listed == folders, f"README's layout: missing {sorted(folders - listed)}, gone {sorted(listed - folders)}"
+
+
+# scripts a note still quotes as they were run, kept out of the tree on purpose; the note says where they went
+RETIRED = {
+    "results/eval_final.py": "protocol v1's final evaluation (tuning.md: read it at f144c61)",
+    "probes/spread_inputs.py": "replaced by --relations (agents.md)",
+}
+
+
+def test_every_command_a_note_quotes_names_a_script_that_exists():
+    """`python bench/bench_ports.py` in a published note or table (and the command a speed table records) is what a
+    reader runs to regenerate it: a script that moved must not leave its old path behind."""
+    ours = {f.parts[0] for f in repository_files() if len(f.parts) > 1}
+    quoted = {}
+    for f in repository_files():
+        if f.suffix in (".md", ".json"):
+            for path in re.findall(r"python ([a-z_]+/[\w/]+\.py)", (ROOT / f).read_text(errors="replace")):
+                if path.split("/")[0] in ours:  # not a peer's own script (EPyMARL's src/main.py)
+                    quoted.setdefault(path, str(f))
+    missing = {p: f for p, f in quoted.items() if not (ROOT / p).exists() and p not in RETIRED}
+    assert not missing, f"notes quote scripts that are not there (script: a note quoting it): {missing}"
+    assert all(not (ROOT / p).exists() for p in RETIRED), "a retired script is back: drop it from RETIRED"
