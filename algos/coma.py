@@ -56,6 +56,10 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """epsilon floor at the end of its linear decay"""
     exploration_fraction: float = 0.01
     """fraction of --total-timesteps over which the epsilon floor decays from --start-e to --end-e"""
+    ent_coef: float = 0.0
+    """entropy bonus weight in the actors' loss: the paper has none (0); EPyMARL's COMA uses 0.001 on standardised
+    rewards. Without one a near-greedy policy can collapse for good on sparse rewards (Foraging-8x8-2p-2f-coop at
+    20M: results/epymarl_benchmark.md)"""
     critic_last_actions: bool = False
     """also give the critic every agent's previous action (one-hot)"""
     rnn: bool = False
@@ -408,12 +412,12 @@ def update(coma, actor_opt, critic_opt, rb, after, epsilon, args, device):
     advantages = counterfactual_advantages(q_all, pi.detach(), actions)
     logp = torch.log(pi.gather(-1, actions[..., None]).squeeze(-1).clamp(min=1e-10))
     policy_loss = -masked_mean(mask, advantages * logp)
+    entropy = masked_mean(mask, -(pi * torch.log(pi.clamp(min=1e-10))).sum(-1))
     check_finite(policy_loss, f"group {coma.spec.name}: the policy loss", "lower --actor-lr")
     actor_opt.zero_grad()
-    policy_loss.backward()
+    (policy_loss - args.ent_coef * entropy).backward()
     nn.utils.clip_grad_norm_(coma.actor.parameters(), args.max_grad_norm)
     actor_opt.step()
-    entropy = masked_mean(mask, -(pi * torch.log(pi.clamp(min=1e-10))).sum(-1))
     return dict(
         policy_loss=policy_loss.item(),
         qf_loss=critic_loss.item(),

@@ -80,16 +80,11 @@ def test_rnn_actor_logits_in_one_call_equal_the_step_by_step_cell(coma):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_critic_targets_equal_the_reference_td_lambda_with_terminations_and_truncations(coma):
-    torch.manual_seed(1)
-    args = coma["Args"](gamma=0.9, td_lambda=0.7, critic_last_actions=True)  # every input matters
-    group = coma["Coma"](SPEC, 7, args)
-    T, E, A, n = 9, 4, 3, 5
-    rng = np.random.default_rng(2)
+def random_rollout(coma, args, terminated, truncated, rng):
+    """A rollout of T x E steps of SPEC's 3 agents (state 7, 5 actions) with random contents, and `after`, the step
+    that follows its last."""
+    (T, E, A), n = terminated.shape, 5
     rb = RolloutBuffer(T, E, coma["rollout_fields"](SPEC, (7,), args))
-    truncated = np.zeros((T, E), bool)
-    truncated[4, 0] = truncated[T - 1, 1] = truncated[2, 3] = True  # mid-rollout and at the last step
-    terminated = rng.random((T, E, A)) < 0.1  # some agents die
     for i in range(T):
         rb.add(obs=rng.normal(size=(E, A, 4)), state=rng.normal(size=(E, 7)), actions=rng.integers(n, size=(E, A)),
                last_actions=rng.integers(n + 1, size=(E, A)), rewards=rng.normal(size=(E, A)),
@@ -99,6 +94,19 @@ def test_critic_targets_equal_the_reference_td_lambda_with_terminations_and_trun
                values=np.zeros((E, A)), final_values=np.zeros((E, A)))  # fmt: skip
     after = {"state": rng.normal(size=(E, 7)), "obs": rng.normal(size=(E, A, 4)), "alive": np.ones((E, A), bool),
              "actions": rng.integers(n, size=(E, A)), "last_actions": rng.integers(n, size=(E, A))}  # fmt: skip
+    return rb, after
+
+
+def test_critic_targets_equal_the_reference_td_lambda_with_terminations_and_truncations(coma):
+    torch.manual_seed(1)
+    args = coma["Args"](gamma=0.9, td_lambda=0.7, critic_last_actions=True)  # every input matters
+    group = coma["Coma"](SPEC, 7, args)
+    T, E, A = 9, 4, 3
+    rng = np.random.default_rng(2)
+    truncated = np.zeros((T, E), bool)
+    truncated[4, 0] = truncated[T - 1, 1] = truncated[2, 3] = True  # mid-rollout and at the last step
+    terminated = rng.random((T, E, A)) < 0.1  # some agents die
+    rb, after = random_rollout(coma, args, terminated, truncated, rng)
     returns = coma["critic_targets"](group, rb, after, args, "cpu").numpy()
 
     def q_target(state, obs, actions, alive, last):  # Q'(s, u) of the taken joint action, (E, A)
@@ -123,6 +131,33 @@ def test_critic_targets_equal_the_reference_td_lambda_with_terminations_and_trun
     expected = reference.td_lambda(d["rewards"].reshape(T, -1), next_values.reshape(T, -1), terminated.reshape(T, -1),
                                    ends.reshape(T, -1), 0.9, 0.7).reshape(T, E, A)  # fmt: skip
     np.testing.assert_allclose(returns, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ent_coef", [0.0, 0.05])
+def test_the_entropy_bonus_alone_moves_the_actors_where_every_advantage_is_zero(coma, ent_coef):
+    """A critic that values every action alike gives zero counterfactual advantages: the actors' step leaves them
+    as they were without --ent-coef, and with it raises the policy's entropy (the only gradient left)."""
+    torch.manual_seed(3)
+    args = coma["Args"](ent_coef=ent_coef)
+    group = coma["Coma"](SPEC, 7, args)
+    with torch.no_grad():
+        for p in [*group.critic.parameters(), *group.target_critic.parameters()]:
+            p.zero_()  # Q = 0 for every joint action, and it stays so: the critic's learning rate is 0
+        group.actor.head.weight.mul_(20)  # a peaked policy, far from uniform
+    T, E, A = 6, 4, 3
+    rng = np.random.default_rng(4)
+    rb, after = random_rollout(coma, args, np.zeros((T, E, A), bool), np.zeros((T, E), bool), rng)
+    actor_opt = torch.optim.Adam(group.actor.parameters(), lr=1e-2)
+    critic_opt = torch.optim.Adam(group.critic.parameters(), lr=0.0)
+    before = [p.clone() for p in group.actor.parameters()]
+    first = coma["update"](group, actor_opt, critic_opt, rb, after, 0.01, args, "cpu")
+    assert first["advantage"] == 0.0 and first["policy_loss"] == 0.0
+    second = coma["update"](group, actor_opt, critic_opt, rb, after, 0.01, args, "cpu")
+    moved = [not torch.equal(a, b) for a, b in zip(before, group.actor.parameters(), strict=True)]
+    if ent_coef == 0:
+        assert not any(moved) and second["entropy"] == pytest.approx(first["entropy"], abs=1e-6)
+    else:
+        assert all(moved) and second["entropy"] > first["entropy"] + 1e-3
 
 
 def test_policy_probs_keep_the_epsilon_floor_on_available_actions_only(coma):
