@@ -57,9 +57,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     exploration_fraction: float = 0.01
     """fraction of --total-timesteps over which the epsilon floor decays from --start-e to --end-e"""
     ent_coef: float = 0.0
-    """entropy bonus weight in the actors' loss: the paper has none (0); EPyMARL's COMA uses 0.001 on standardised
-    rewards. Without one a near-greedy policy can collapse for good on sparse rewards (Foraging-8x8-2p-2f-coop at
-    20M: results/epymarl_benchmark.md)"""
+    """entropy bonus weight in the actors' loss; the paper has none. It weighs against the advantages, on the rewards'
+    scale: EPyMARL's COMA uses 0.001 on standardised rewards, but on Foraging-8x8-2p-2f-coop's raw ones (mean |A|
+    about 0.002) 0.001 holds the policy uniform (results/epymarl_benchmark.md)"""
     critic_last_actions: bool = False
     """also give the critic every agent's previous action (one-hot)"""
     rnn: bool = False
