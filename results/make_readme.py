@@ -423,6 +423,52 @@ def benchmark_table(env_id: str, ours: dict[str, dict]) -> list[str]:
     return [*lines, ""]
 
 
+# the EPyMARL benchmark's algorithms that we have, in its table's order, each at its defaults, and their budget there:
+# 2M env steps off-policy, 10x that on-policy (results/epymarl_benchmark.md)
+BENCHMARK_ROWS = {"iql": 2_000_000, "vdn": 2_000_000, "qmix": 2_000_000, "maddpg-discrete": 2_000_000,
+                  "ippo": 20_000_000, "mappo": 20_000_000, "coma": 20_000_000}  # fmt: skip
+
+
+def benchmark_overview(by_env: dict[str, list[dict]]) -> list[str]:
+    """The EPyMARL benchmark's tasks x its algorithms at a glance, in its conventions: a cell is the team's total of
+    the final policy, mean ± std over seeds, EPyMARL's maximum returns in brackets; the task's best mean in bold; a
+    budget or seed count other than the benchmark's said in the cell. Variants and the rest: the task sections."""
+    tasks = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if team_size(env)}
+    if not tasks:
+        return []
+    lines = ["## The EPyMARL benchmark at a glance", "",
+             "Level-Based Foraging and the Multi-Robot Warehouse (issue 42; protocol, task versions and costs: "
+             "[epymarl_benchmark.md](epymarl_benchmark.md)). Each cell: the team's total return of the final policy "
+             "on the fixed 1000 episodes, mean ± std over 3 seeds, and in brackets EPyMARL's maximum returns (the "
+             "best mean over seeds of one periodic evaluation, picked after the fact); the task's best final policy "
+             "in bold. Every script at its defaults and the benchmark's budget, 2M steps off-policy (`iql`, `vdn`, "
+             "`qmix`, `maddpg-discrete`) and 20M on-policy (`ippo`, `mappo`, `coma`); a cell made otherwise says "
+             "so. \"—\": not run yet.", "",
+             "| task | " + " | ".join(f"`{a}`" for a in BENCHMARK_ROWS) + " |",
+             "|---" * (len(BENCHMARK_ROWS) + 1) + "|"]  # fmt: skip
+    for env_id, rows in sorted(tasks.items()):
+        size, finals = team_size(env_id), {}
+        for algo in BENCHMARK_ROWS:
+            if algo in rows:
+                finals[algo] = size * np.array([p["final_policy"]["mean"] for p in rows[algo]["per_seed"]])
+        best = max((x.mean() for x in finals.values()), default=None)
+        cells = []
+        for algo, budget in BENCHMARK_ROWS.items():
+            if algo not in finals:
+                cells.append("—")
+                continue
+            x, result = finals[algo], rows[algo]
+            cell = f"{fmt(x.mean())} ± {fmt(sample_std(x))}"
+            cell = f"**{cell}**" if fmt(x.mean()) == fmt(best) else cell
+            if metrics := epymarl_metrics(result):
+                cell += f" [{fmt(size * metrics[0])}]"
+            other = [f"{fmt_steps(result.get('total_timesteps'))}"] if result.get("total_timesteps") != budget else []
+            other += [f"{x.size} seeds"] if x.size != 3 else []
+            cells.append(cell + (f" ({', '.join(other)})" if other else ""))
+        lines.append(f"| {env_id} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def final_policy_cell(result: dict) -> str:
     """The headline: the final policies on the fixed episode set (protocol v2: final_eval.json of every seed)."""
     final = result["summary"]["final_policy"]
@@ -732,6 +778,7 @@ def render(
     crossplays = sorted(Path(out).glob("*/crossplay.md"))
     cells = cells or overview_cells(by_env)
     lines += overview_table(cells, bool(crossplays), OVERVIEW_NAME if plot else "")
+    lines += benchmark_overview(by_env)
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes)

@@ -884,6 +884,30 @@ def test_an_epymarl_benchmark_task_gets_the_benchmarks_team_totals_and_its_maxim
     assert make_readme.epymarl_metrics(qmix) is None
 
 
+def test_the_benchmark_at_a_glance_has_a_cell_per_task_and_algorithm_in_team_totals():
+    def row(algo, env_id, finals, steps, best=0.5):
+        per_seed = [{"final_policy": {"mean": f}, "evaluations": {"steps": [10], "returns": [best]}} for f in finals]
+        return {"algo": algo, "env_id": env_id, "per_seed": per_seed, "total_timesteps": steps}
+
+    lbf, twin = "Foraging-8x8-2p-2f-coop", "Foraging-10x10-3p-3f"
+    by_env = {
+        lbf: [row("mappo", lbf, [0.5, 0.5, 0.49], 20_000_000), row("iql", lbf, [0.1, 0.2, 0.3], 1_000_000),
+              row("qmix-tf50", lbf, [0.6] * 3, 2_000_000), row("coma", lbf, [0.0, 0.0], 20_000_000, best=0.45)],
+        twin: [row("vdn", twin, [0.1] * 3, 2_000_000)],
+        "simple_spread_v3": [row("mappo", "simple_spread_v3", [-10.0] * 3, 20_000_000)],
+    }  # fmt: skip
+    lines = make_readme.benchmark_overview(by_env)
+    assert lines[0] == "## The EPyMARL benchmark at a glance"
+    header, rows = lines[4], [line for line in lines if line.startswith("| Foraging")]
+    assert header.split(" | ")[1:4] == ["`iql`", "`vdn`", "`qmix`"] and "qmix-tf50" not in header  # variants: below
+    assert [r.split(" | ")[0] for r in rows] == [f"| {twin}", f"| {lbf}"]  # MPE is not a benchmark task
+    cells = dict(zip(header.strip("| ").split(" | "), rows[1].strip("| ").split(" | "), strict=True))
+    assert cells["`mappo`"] == "**0.99 ± 0.01** [1.00]"  # 2 players: the team's total; the task's best in bold
+    assert cells["`iql`"] == "0.40 ± 0.20 [1.00] (1M)"  # not the benchmark's 2M: said so
+    assert cells["`coma`"] == "0.00 ± 0.00 [0.90] (2 seeds)" and cells["`vdn`"] == "—"
+    assert make_readme.benchmark_overview({"simple_v3": by_env["simple_spread_v3"]}) == []
+
+
 def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
     algos = "maddpg maddpg-tf64 maddpg-tf128 maddpg-bs1024 maddpg-discrete matd3 iddpg iddpg-tf64 mappo ippo qmix mfq"
     results = [{"algo": a} for a in [*algos.split(), "mappo-continuous"]]
