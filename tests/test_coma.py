@@ -202,6 +202,7 @@ def test_masks_and_a_dying_unit_on_a_scripted_env(flags, tmp_path, capsys):
         (["--continuous-actions"], "coma needs discrete actions"),
         (["--critic-updates", 0], "--critic-updates 0 must be a positive integer"),
         (["--td-lambda", 2], "--td-lambda 2.0 must lie in [0, 1]"),
+        (["--ent-coef", -1], "--ent-coef -1.0 must be >= 0"),
     ],
 )
 def test_bad_input_fails_with_one_clear_error(flags, message, capsys):
