@@ -353,7 +353,7 @@ def message_worth_table(env_id: str, ours: dict[str, dict]) -> list[str]:
         "|---|---|---|---|",
     ]
     for comm, nocomm in pairs:
-        with_, without = ([size * p["final_policy"]["mean"] for p in ours[r]["per_seed"]] for r in (comm, nocomm))
+        with_, without = (team_finals(ours[r], size) for r in (comm, nocomm))
         low, high = difference_ci(with_, without)
         cells = [f"{fmt(np.mean(x))} ± {fmt(sample_std(x))} ({len(x)} seeds)" for x in (with_, without)]
         worth = f"{np.mean(with_) - np.mean(without):+.2f} [{low:+.2f}, {high:+.2f}]"
@@ -374,6 +374,12 @@ def team_size(env_id: str) -> int | None:
     if entry is None or entry.family not in BENCHMARK_FAMILIES:
         return None
     return int(importlib.import_module(entry.module).task_kwargs(entry.task)[BENCHMARK_FAMILIES[entry.family]])
+
+
+def team_finals(result: dict, size: int) -> np.ndarray:
+    """Each seed's final policy as the team's total per episode: `size` agents x the mean over agents (exact, as every
+    agent of a benchmark task acts to the end of the episode)."""
+    return size * np.array([p["final_policy"]["mean"] for p in result["per_seed"]])
 
 
 def epymarl_metrics(result: dict) -> tuple[float, float, int] | None:
@@ -407,7 +413,7 @@ def benchmark_table(env_id: str, ours: dict[str, dict]) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for algo, result in sorted(ours.items()):
-        finals = size * np.array([p["final_policy"]["mean"] for p in result["per_seed"]])
+        finals = team_finals(result, size)
         cells = [f"`{algo}`", f"**{fmt(finals.mean())} ± {fmt(sample_std(finals))}** ({finals.size} seeds)"]
         if metrics := epymarl_metrics(result):
             best, average, count = metrics
@@ -447,10 +453,8 @@ def benchmark_overview(by_env: dict[str, list[dict]]) -> list[str]:
              "| task | " + " | ".join(f"`{a}`" for a in BENCHMARK_ROWS) + " |",
              "|---" * (len(BENCHMARK_ROWS) + 1) + "|"]  # fmt: skip
     for env_id, rows in sorted(tasks.items()):
-        size, finals = team_size(env_id), {}
-        for algo in BENCHMARK_ROWS:
-            if algo in rows:
-                finals[algo] = size * np.array([p["final_policy"]["mean"] for p in rows[algo]["per_seed"]])
+        size = team_size(env_id)
+        finals = {algo: team_finals(rows[algo], size) for algo in BENCHMARK_ROWS if algo in rows}
         best = max((x.mean() for x in finals.values()), default=None)
         cells = []
         for algo, budget in BENCHMARK_ROWS.items():
