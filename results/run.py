@@ -20,8 +20,10 @@ of ``--run-dir DIR`` (its own flags and budget, from its ``last.pt``), appending
 SIGTERM or Ctrl-C wrote ``last.pt`` (and an off-policy script its replay buffer) where it stopped; after a
 ``kill -9`` it goes back to the last periodic ``last.pt``, and the sweep says which step that is and how far
 the run had got. ``run.json`` keeps the command and lists each resume; its ``wall_time_s`` sums the launches.
-``--force`` starts every run afresh. Afterwards every (env, algo) is collected into
-``<out>/<env_id>/<algo>.json`` (see collect.py) and ``<out>/README.md`` is regenerated (see make_readme.py).
+``--force`` starts every run afresh. Each (env, algo) is collected into ``<out>/<env_id>/<algo>.json`` (see
+collect.py) as soon as the sweep has run all its seeds, not when the whole sweep ends (a long sweep publishes its rows
+as they land, and one stopped later keeps them), and ``<out>/README.md`` is regenerated at the end (see
+make_readme.py).
 
 Usage::
 
@@ -621,7 +623,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def earlier_seeds(out: Path, env_id: str, label: str, swept: list[int], total_timesteps: int) -> list[int]:
+def earlier_seeds(out: Path, env_id: str, label: str, swept: list[int], total_timesteps: int, say=print) -> list[int]:
     """The finished seeds of `label` on `env_id` that this sweep did not run but an earlier one did with the same
     budget: they belong in the same result file, and writing it from this sweep's seeds alone would drop them. A
     seed of another budget (or started by hand, with no record of one) is left out, in a line that says so."""
@@ -633,9 +635,9 @@ def earlier_seeds(out: Path, env_id: str, label: str, swept: list[int], total_ti
         record = read_json(run_dir_for(out, env_id, label, seed) / RECORD_NAME) or {}
         (same if record.get("total_timesteps") == total_timesteps else other).append(seed)
     if same:
-        print(f"{env_id}/{label}: also collecting seed(s) {same}, finished by an earlier sweep of the same budget")
+        say(f"{env_id}/{label}: also collecting seed(s) {same}, finished by an earlier sweep of the same budget")
     if other:
-        print(f"{env_id}/{label}: leaving out seed(s) {other}, not trained by a sweep of {total_timesteps:,} steps")
+        say(f"{env_id}/{label}: leaving out seed(s) {other}, not trained by a sweep of {total_timesteps:,} steps")
     return same
 
 
@@ -672,8 +674,35 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     claims: dict[Path, int] = {}  # run directory -> the fd of this sweep's lock on it, held until its record is written
 
+    rows: dict[tuple[str, str], set[Path]] = {}  # (env_id, label "<algo>-<variant>") -> its runs in this sweep
+    for run in runs:
+        rows.setdefault((run.env_id, run.algo), set()).add(run.run_dir)
+    settled = {run.run_dir for run in runs} - {run.run_dir for run in todo}  # with an outcome: skipped or refused
+    written: set[tuple[str, str]] = set()  # rows this sweep has collected
+    paths: list[Path] = []
+    errors: list[str] = []
+
+    def collect_rows(keys: list[tuple[str, str]], say=print) -> None:
+        """Write the result file of each row in `keys`: this sweep's seeds of it, minus those that failed or hold
+        another command, and the seeds an earlier sweep of the same label and budget finished (a sweep adding
+        seeds keeps the others)."""
+        groups = {key: [run.seed for run in collectable if (run.env_id, run.algo) == key] for key in keys}
+        for (env_id, algo), seeds in groups.items():
+            if seeds:
+                seeds += earlier_seeds(args.out, env_id, algo, seeds, args.total_timesteps, say)
+        new_paths, new_errors = collect(args.out, groups, args.total_timesteps)
+        paths.extend(new_paths)
+        errors.extend(new_errors)
+        written.update(keys)
+        for path in new_paths:
+            say(f"wrote {path}")
+        for (env_id, algo), seeds in groups.items():
+            if seeds and (left := sorted(set(args.seeds) - set(seeds))):
+                say(f"{env_id}/{algo}: collected without seed(s) {left} (see above)", file=sys.stderr)
+
     def tally(run: Run, outcome: str, message: str | None = None) -> None:
         with lock:
+            settled.add(run.run_dir)
             counts[outcome] += 1
             if outcome in ("ok", "skipped"):
                 collectable.append(run)
@@ -718,6 +747,10 @@ def main(argv: list[str] | None = None) -> int:
             tally(run, "ok", f"ok      {run.name} ({record.get('wall_time_s', 0):.1f} s)")
         else:
             tally(run, "failed", f"FAILED {run.name}: {record.get('error')}; log: {run.log}")
+        key = (run.env_id, run.algo)
+        if not args.no_collect and key not in written and rows[key] <= settled:
+            with lock:  # a row is published as soon as its seeds are done, not when the whole sweep is
+                collect_rows([key], bar.write)
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -737,22 +770,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
     bar.close()
 
-    errors: list[str] = []
     if not args.no_collect:
-        # The result files describe this sweep's seeds, minus those that failed or hold another command, and the
-        # seeds an earlier sweep of the same label and budget finished (a sweep adding seeds keeps the others).
-        groups = {(run.env_id, run.algo): [] for run in runs}  # run.algo: the label, "<algo>-<variant>"
-        for run in collectable:
-            groups[run.env_id, run.algo].append(run.seed)
-        for (env_id, algo), seeds in groups.items():
-            if seeds:
-                seeds += earlier_seeds(args.out, env_id, algo, seeds, args.total_timesteps)
-        paths, errors = collect(args.out, groups, args.total_timesteps)
-        for path in paths:
-            print(f"wrote {path}")
-        for (env_id, algo), seeds in groups.items():
-            if seeds and (left := sorted(set(args.seeds) - set(seeds))):
-                print(f"{env_id}/{algo}: collected without seed(s) {left} (see above)", file=sys.stderr)
+        collect_rows([key for key in rows if key not in written])  # rows no run of this sweep ended (all skipped...)
         if paths and not args.no_readme:
             import make_readme
 

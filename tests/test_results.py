@@ -517,6 +517,23 @@ def test_a_terminated_sweep_stops_its_runs(tmp_path):
             os.kill(int(pid), 0)
 
 
+def test_a_row_is_collected_when_its_seeds_are_done_not_when_the_sweep_is(tmp_path):
+    """A row's result file was written only when the whole sweep ended: a sweep of hours published nothing until
+    then, and one stopped before its end left its finished rows to be collected by hand."""
+    log = tmp_path / "launches.txt"
+    cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(tmp_path)]
+    cmd += ["--envs", "env_x", "--total-timesteps", str(TOTAL), "--algos", "fake_a,fake_hang", "--seeds", "2"]
+    cmd += ["--workers", "1"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "FAKE_LAUNCH_LOG": str(log)}, stdout=subprocess.PIPE, text=True)
+    _wait_for(lambda: any(algo == "fake_hang" for algo, *_ in launches(log)), "the sweep to reach fake_hang")
+    assert load(tmp_path, "fake_a")["seeds"] == [0, 1]  # written while fake_hang runs
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert f"wrote {tmp_path.resolve() / 'env_x' / 'fake_a.json'}" in out
+    assert not (tmp_path / "env_x" / "fake_hang.json").exists() and not (tmp_path / "README.md").exists()
+
+
 def _sweep_command(out: Path, *flags: str) -> list[str]:
     cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(out)]
     return cmd + ["--envs", "env_x", "--total-timesteps", str(TOTAL), "--algos", "fake_a", "--workers", "1", *flags]
