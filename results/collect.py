@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -584,11 +585,14 @@ def dump_json(obj, indent: int = 0) -> str:
 
 
 def write_result(result: dict, out: Path) -> Path:
-    """Validate and write a result document to ``<out>/<env_id>/<algo>.json``; returns the path."""
+    """Validate and write a result document to ``<out>/<env_id>/<algo>.json``, whole or not at all (a sweep writes
+    its rows while it runs, and may be stopped at any moment): returns the path."""
     check_result(result)
     path = Path(out) / result["env_id"] / f"{result['algo']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump_json(result))
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(dump_json(result))
+    os.replace(tmp, path)
     return path
 
 

@@ -42,6 +42,7 @@ from collect import (
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
 CURVES_NAME = "curves.png"
 OVERVIEW_NAME = "mpe_overview.png"  # the cooperative tasks of the overview, as a heatmap
+BENCHMARK_PLOT_NAME = "epymarl_overview.png"  # the EPyMARL benchmark at a glance, as a heatmap
 ROOT = RESULTS_DIR.parent  # the per-seed commands run from the repository root
 REFERENCE_KEYS = {"env_id", "algo", "mean", "std", "best", "n_seeds", "total_timesteps", "protocol", "source"}
 
@@ -435,10 +436,18 @@ BENCHMARK_ROWS = {"iql": 2_000_000, "vdn": 2_000_000, "qmix": 2_000_000, "maddpg
                   "ippo": 20_000_000, "mappo": 20_000_000, "coma": 20_000_000}  # fmt: skip
 
 
-def benchmark_overview(by_env: dict[str, list[dict]]) -> list[str]:
+def budget_note(result: dict, budget: int) -> str:
+    """What a benchmark row was made with other than the benchmark's budget and 3 seeds ("1M, 2 seeds"); "" if
+    nothing."""
+    other = [fmt_steps(result.get("total_timesteps"))] if result.get("total_timesteps") != budget else []
+    return ", ".join(other + ([f"{len(result['per_seed'])} seeds"] if len(result["per_seed"]) != 3 else []))
+
+
+def benchmark_overview(by_env: dict[str, list[dict]], plot: str = "") -> list[str]:
     """The EPyMARL benchmark's tasks x its algorithms at a glance, in its conventions: a cell is the team's total of
     the final policy, mean ± std over seeds, EPyMARL's maximum returns in brackets; the task's best mean in bold; a
-    budget or seed count other than the benchmark's said in the cell. Variants and the rest: the task sections."""
+    budget or seed count other than the benchmark's said in the cell. Variants and the rest: the task sections. `plot`:
+    the heatmap's path, shown above the table."""
     tasks = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if team_size(env)}
     if not tasks:
         return []
@@ -450,6 +459,7 @@ def benchmark_overview(by_env: dict[str, list[dict]]) -> list[str]:
              "in bold. Every script at its defaults and the benchmark's budget, 2M steps off-policy (`iql`, `vdn`, "
              "`qmix`, `maddpg-discrete`) and 20M on-policy (`ippo`, `mappo`, `coma`); a cell made otherwise says "
              "so. \"—\": not run yet.", "",
+             *([f"![the EPyMARL benchmark at a glance]({plot})", ""] if plot else []),
              "| task | " + " | ".join(f"`{a}`" for a in BENCHMARK_ROWS) + " |",
              "|---" * (len(BENCHMARK_ROWS) + 1) + "|"]  # fmt: skip
     for env_id, rows in sorted(tasks.items()):
@@ -466,9 +476,8 @@ def benchmark_overview(by_env: dict[str, list[dict]]) -> list[str]:
             cell = f"**{cell}**" if fmt(x.mean()) == fmt(best) else cell
             if metrics := epymarl_metrics(result):
                 cell += f" [{fmt(size * metrics[0])}]"
-            other = [f"{fmt_steps(result.get('total_timesteps'))}"] if result.get("total_timesteps") != budget else []
-            other += [f"{x.size} seeds"] if x.size != 3 else []
-            cells.append(cell + (f" ({', '.join(other)})" if other else ""))
+            other = budget_note(result, budget)
+            cells.append(cell + (f" ({other})" if other else ""))
         lines.append(f"| {env_id} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -540,50 +549,86 @@ def overview_cells(by_env: dict[str, list[dict]]) -> tuple[list[str], dict, dict
     return algos, pick, numbers
 
 
-def plot_overview(algos: list[str], numbers: dict, path: Path) -> bool:
-    """The cooperative tasks of the overview as a heatmap: each cell's final-policy mean, coloured by where it lies
-    between the worst and the best cell of its task (yellow: the best). Returns whether there was anything to draw."""
-    tasks = [t for t in COOPERATIVE_TASKS if t in numbers and any(numbers[t].values())]
-    if not tasks:
-        return False
+def draw_heatmap(path: Path, rows: list[str], algos: list[str], shade: np.ndarray, texts: list[list[str]],
+                 hatched: np.ndarray, title: str) -> None:  # fmt: skip
+    """A tasks x algorithms heatmap: `shade` (NaN: no cell, a grey dash) in viridis from 0 to 1, each cell's text on
+    it, a hatch over the cells made otherwise than the rest (another budget: not to be compared by colour alone)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
-    grid = np.full((len(tasks), len(algos)), np.nan)
-    for i, task in enumerate(tasks):
-        for j, algo in enumerate(algos):
-            if numbers[task][algo] is not None:
-                grid[i, j] = numbers[task][algo][0]
-    low, high = np.nanmin(grid, axis=1, keepdims=True), np.nanmax(grid, axis=1, keepdims=True)
-    shade = (grid - low) / np.where(high > low, high - low, 1.0)
     with matplotlib.rc_context():
         matplotlib.rcdefaults()  # the same JSON must give the same bytes
-        fig = Figure(figsize=(1.0 + 0.82 * len(algos), 1.4 + 0.62 * len(tasks)), dpi=100, layout="constrained")
+        fig = Figure(figsize=(1.0 + 0.82 * len(algos), 1.4 + 0.62 * len(rows)), dpi=100, layout="constrained")
         ax = fig.subplots()
         ax.imshow(np.ma.masked_invalid(shade), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-        for i, task in enumerate(tasks):
-            for j, algo in enumerate(algos):
-                cell = numbers[task][algo]
-                if cell is None:
+        for i in range(len(rows)):
+            for j in range(len(algos)):
+                if np.isnan(shade[i, j]):
                     ax.text(j, i, "—", ha="center", va="center", fontsize=8, color="0.5")
                     continue
-                budget = "" if cell[2] == "3M" else f"\n{cell[2]}"
-                if budget:  # another budget: hatched, not to be compared by colour alone
+                if hatched[i, j]:
                     ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor=(1, 1, 1, 0.3),
                                            linewidth=0))  # fmt: skip
-                mark = "*" if cell[3] else ""
-                ax.text(j, i, f"{cell[0]:.2f}{mark}{budget}", ha="center", va="center", fontsize=7.5,
+                ax.text(j, i, texts[i][j], ha="center", va="center", fontsize=7.5,
                         color="black" if shade[i, j] > 0.6 else "white")  # fmt: skip
         ax.set_xticks(range(len(algos)), algos, fontsize=8, rotation=30, ha="right")
-        ax.set_yticks(range(len(tasks)), [t.removesuffix("_v3").removesuffix("_v4") for t in tasks], fontsize=8)
-        ax.set_title("Cooperative MPE: final policy (mean over seeds, 3M steps unless marked)\ncolour: from the "
-                     "task's worst cell (dark) to its best (yellow); hatched: another budget; *: stale",
-                     fontsize=9)  # fmt: skip
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_title(title, fontsize=9)
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def plot_overview(algos: list[str], numbers: dict, path: Path) -> bool:
+    """The cooperative tasks of the overview as a heatmap: each cell's final-policy mean, coloured by where it lies
+    between the worst and the best cell of its task (yellow: the best). Returns whether there was anything to draw."""
+    tasks = [t for t in COOPERATIVE_TASKS if t in numbers and any(numbers[t].values())]
+    if not tasks:
+        return False
+    grid = np.full((len(tasks), len(algos)), np.nan)
+    texts = [[""] * len(algos) for _ in tasks]
+    hatched = np.zeros(grid.shape, bool)
+    for i, task in enumerate(tasks):
+        for j, algo in enumerate(algos):
+            if (cell := numbers[task][algo]) is not None:
+                grid[i, j] = cell[0]
+                hatched[i, j] = cell[2] != "3M"
+                budget = f"\n{cell[2]}" if hatched[i, j] else ""
+                texts[i][j] = f"{cell[0]:.2f}{'*' if cell[3] else ''}{budget}"
+    low, high = np.nanmin(grid, axis=1, keepdims=True), np.nanmax(grid, axis=1, keepdims=True)
+    shade = (grid - low) / np.where(high > low, high - low, 1.0)
+    title = ("Cooperative MPE: final policy (mean over seeds, 3M steps unless marked)\ncolour: from the task's worst "
+             "cell (dark) to its best (yellow); hatched: another budget; *: stale")  # fmt: skip
+    names = [t.removesuffix("_v3").removesuffix("_v4") for t in tasks]
+    draw_heatmap(path, names, algos, shade, texts, hatched, title)
+    return True
+
+
+def plot_benchmark(by_env: dict[str, list[dict]], path: Path) -> bool:
+    """The EPyMARL benchmark at a glance as a heatmap: each cell the team's total of the final policy (mean over
+    seeds), coloured as a fraction of the task's best cell (yellow: the best; dark: nothing collected or
+    delivered). Returns whether there was anything to draw."""
+    tasks = {env: {r["algo"]: r for r in results} for env, results in sorted(by_env.items()) if team_size(env)}
+    if not tasks:
+        return False
+    algos = list(BENCHMARK_ROWS)
+    grid = np.full((len(tasks), len(algos)), np.nan)
+    texts = [[""] * len(algos) for _ in tasks]
+    hatched = np.zeros(grid.shape, bool)
+    for i, (env_id, rows) in enumerate(tasks.items()):
+        for j, (algo, budget) in enumerate(BENCHMARK_ROWS.items()):
+            if algo in rows:
+                grid[i, j] = team_finals(rows[algo], team_size(env_id)).mean()
+                other = budget_note(rows[algo], budget)
+                hatched[i, j] = bool(other)
+                texts[i][j] = f"{grid[i, j]:.2f}" + (f"\n{other}" if other else "")
+    best = np.nanmax(grid, axis=1, keepdims=True)
+    shade = np.clip(grid / np.where(best > 0, best, 1.0), 0, 1)
+    title = ("EPyMARL benchmark: the team's total of the final policy\n(mean over 3 seeds; 2M steps off-policy, 20M "
+             "on-policy)\ncolour: fraction of the task's best cell; hatched: another budget or seeds")  # fmt: skip
+    draw_heatmap(path, list(tasks), algos, shade, texts, hatched, title)
     return True
 
 
@@ -742,6 +787,7 @@ def render(
     references: list[dict],
     plot: bool = False,
     cells: tuple | None = None,
+    benchmark_plot: bool = False,
 ) -> str:
     """The whole README as a string; ``plot``: the overview's heatmap was
     drawn (shown above its table); ``cells``: the overview's, if already computed (overview_cells())."""
@@ -782,7 +828,7 @@ def render(
     crossplays = sorted(Path(out).glob("*/crossplay.md"))
     cells = cells or overview_cells(by_env)
     lines += overview_table(cells, bool(crossplays), OVERVIEW_NAME if plot else "")
-    lines += benchmark_overview(by_env)
+    lines += benchmark_overview(by_env, BENCHMARK_PLOT_NAME if benchmark_plot else "")
     notes: list[tuple] = []
     for env_id in envs:
         lines += env_section(env_id, by_env.get(env_id, []), references, notes)
@@ -829,9 +875,11 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
     readme = out / "README.md"
     cells = overview_cells(by_env)
     plot = plot_overview(cells[0], cells[2], out / OVERVIEW_NAME)
-    if not plot:
-        (out / OVERVIEW_NAME).unlink(missing_ok=True)
-    readme.write_text(render(out, by_env, references, plot, cells))
+    benchmark_plot = plot_benchmark(by_env, out / BENCHMARK_PLOT_NAME)
+    for name, drawn in ((OVERVIEW_NAME, plot), (BENCHMARK_PLOT_NAME, benchmark_plot)):
+        if not drawn:
+            (out / name).unlink(missing_ok=True)
+    readme.write_text(render(out, by_env, references, plot, cells, benchmark_plot))
     return readme
 
 

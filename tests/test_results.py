@@ -525,8 +525,10 @@ def test_a_row_is_collected_when_its_seeds_are_done_not_when_the_sweep_is(tmp_pa
     cmd += ["--envs", "env_x", "--total-timesteps", str(TOTAL), "--algos", "fake_a,fake_hang", "--seeds", "2"]
     cmd += ["--workers", "1"]
     proc = subprocess.Popen(cmd, env={**os.environ, "FAKE_LAUNCH_LOG": str(log)}, stdout=subprocess.PIPE, text=True)
+    _wait_for(lambda: (tmp_path / "env_x" / "fake_a.json").exists(), "fake_a's result file")
+    assert proc.poll() is None  # the sweep goes on: fake_hang never ends
     _wait_for(lambda: any(algo == "fake_hang" for algo, *_ in launches(log)), "the sweep to reach fake_hang")
-    assert load(tmp_path, "fake_a")["seeds"] == [0, 1]  # written while fake_hang runs
+    assert load(tmp_path, "fake_a")["seeds"] == [0, 1]
     proc.terminate()
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130
@@ -901,7 +903,7 @@ def test_an_epymarl_benchmark_task_gets_the_benchmarks_team_totals_and_its_maxim
     assert make_readme.epymarl_metrics(qmix) is None
 
 
-def test_the_benchmark_at_a_glance_has_a_cell_per_task_and_algorithm_in_team_totals():
+def test_the_benchmark_at_a_glance_has_a_cell_per_task_and_algorithm_in_team_totals(monkeypatch, tmp_path):
     def row(algo, env_id, finals, steps, best=0.5):
         per_seed = [{"final_policy": {"mean": f}, "evaluations": {"steps": [10], "returns": [best]}} for f in finals]
         return {"algo": algo, "env_id": env_id, "per_seed": per_seed, "total_timesteps": steps}
@@ -923,6 +925,19 @@ def test_the_benchmark_at_a_glance_has_a_cell_per_task_and_algorithm_in_team_tot
     assert cells["`iql`"] == "0.40 ± 0.20 [1.00] (1M)"  # not the benchmark's 2M: said so
     assert cells["`coma`"] == "0.00 ± 0.00 [0.90] (2 seeds)" and cells["`vdn`"] == "—"
     assert make_readme.benchmark_overview({"simple_v3": by_env["simple_spread_v3"]}) == []
+    # its heatmap: the same cells, coloured as a fraction of the task's best, another budget or seed count hatched
+    drawn = {}
+    monkeypatch.setattr(make_readme, "draw_heatmap", lambda *args: drawn.update(zip("prasth", args[:6], strict=True)))
+    assert make_readme.plot_benchmark(by_env, tmp_path / "x.png") and drawn["r"] == [twin, lbf]
+    algos, shade = drawn["a"], drawn["s"]
+    assert algos == list(make_readme.BENCHMARK_ROWS) and shade.shape == (2, 7)
+    mappo, iql, coma, vdn = (algos.index(a) for a in ("mappo", "iql", "coma", "vdn"))
+    assert shade[1, mappo] == 1 and shade[1, iql] == pytest.approx(0.4 / (2 * 1.49 / 3)) and shade[1, coma] == 0
+    assert np.isnan(shade[1, vdn]) and shade[0, vdn] == 1  # not run: no colour; the task's only cell: its best
+    assert drawn["h"][1, iql] and drawn["h"][1, coma] and not drawn["h"][1, mappo]
+    texts = drawn["t"][1]
+    assert texts[iql] == "0.40\n1M" and texts[coma] == "0.00\n2 seeds" and texts[mappo] == "0.99"
+    assert make_readme.plot_benchmark({"simple_v3": by_env["simple_spread_v3"]}, tmp_path / "x.png") is False
 
 
 def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
@@ -1045,18 +1060,23 @@ def test_the_overview_puts_each_scripts_row_per_task_side_by_side_with_its_budge
     assert f"| simple_spread_v3 | -7.00 ± {qmix['std']:.2f} (3M, stale) | — |" in table
 
 
-def test_the_overview_heatmap_draws_the_cooperative_tasks_byte_identically_and_goes_when_they_go(tmp_path):
+@pytest.mark.parametrize(
+    "task, name, alt",
+    [("simple_spread_v3", "OVERVIEW_NAME", "cooperative MPE tasks"),
+     ("Foraging-8x8-2p-2f-coop", "BENCHMARK_PLOT_NAME", "the EPyMARL benchmark")],
+)  # fmt: skip
+def test_the_overview_heatmaps_draw_their_tasks_byte_identically_and_go_when_they_go(tmp_path, task, name, alt):
     out = tmp_path / "results"
-    (out / "simple_spread_v3").mkdir(parents=True)
-    shutil.copy(RESULTS / "simple_spread_v3" / "qmix.json", out / "simple_spread_v3")
+    (out / task).mkdir(parents=True)
+    shutil.copy(RESULTS / task / ("qmix.json" if task.startswith("simple") else "mappo.json"), out / task)
     text = make_readme.generate(out).read_text()
-    png = out / make_readme.OVERVIEW_NAME
-    assert png.is_file() and f"![cooperative MPE tasks at a glance]({make_readme.OVERVIEW_NAME})" in text
+    png = out / getattr(make_readme, name)
+    assert png.is_file() and f"![{alt} at a glance]({png.name})" in text
     first = png.read_bytes()
     make_readme.generate(out)
     assert png.read_bytes() == first  # the same JSON gives the same bytes
-    shutil.rmtree(out / "simple_spread_v3")  # no cooperative MPE result left: no heatmap, no link to one
-    assert make_readme.OVERVIEW_NAME not in make_readme.generate(out).read_text() and not png.exists()
+    shutil.rmtree(out / task)  # no such result left: no heatmap, no link to one
+    assert png.name not in make_readme.generate(out).read_text() and not png.exists()
 
 
 def test_the_matrix_commands_run_every_overview_script_on_the_tasks_it_accepts():
