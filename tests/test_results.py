@@ -525,12 +525,14 @@ def test_a_row_is_collected_when_its_seeds_are_done_not_when_the_sweep_is(tmp_pa
     cmd += ["--envs", "env_x", "--total-timesteps", str(TOTAL), "--algos", "fake_a,fake_hang", "--seeds", "2"]
     cmd += ["--workers", "1"]
     proc = subprocess.Popen(cmd, env={**os.environ, "FAKE_LAUNCH_LOG": str(log)}, stdout=subprocess.PIPE, text=True)
-    _wait_for(lambda: (tmp_path / "env_x" / "fake_a.json").exists(), "fake_a's result file")
-    assert proc.poll() is None  # the sweep goes on: fake_hang never ends
-    _wait_for(lambda: any(algo == "fake_hang" for algo, *_ in launches(log)), "the sweep to reach fake_hang")
-    assert load(tmp_path, "fake_a")["seeds"] == [0, 1]
-    proc.terminate()
-    out, _ = proc.communicate(timeout=60)
+    try:
+        _wait_for(lambda: (tmp_path / "env_x" / "fake_a.json").exists(), "fake_a's result file")
+        assert proc.poll() is None  # the sweep goes on: fake_hang never ends
+        _wait_for(lambda: any(algo == "fake_hang" for algo, *_ in launches(log)), "the sweep to reach fake_hang")
+        assert load(tmp_path, "fake_a")["seeds"] == [0, 1]
+    finally:  # the sweep stops its scripts when terminated, and leaves none behind if an assertion failed
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert f"wrote {tmp_path.resolve() / 'env_x' / 'fake_a.json'}" in out
     assert not (tmp_path / "env_x" / "fake_hang.json").exists() and not (tmp_path / "README.md").exists()
