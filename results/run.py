@@ -30,6 +30,7 @@ Usage::
     python results/run.py --algos mappo,ippo --envs simple_spread_v3 --seeds 5 \\
         --total-timesteps 10000000 --extra "--num-envs 32"
     python results/run.py ... --seeds 1,3            # explicit seeds (a single seed: --seeds 3,)
+    python results/run.py ... --status               # each run: done, running at step n (time left), stopped...
     python results/run.py --algos dqn ... --variant per --extra=--prioritized   # -> <env>/dqn-per.json
     python results/run.py ... --ray                  # a local Ray instance (ray.init())
     python results/run.py ... --ray-address auto     # an existing cluster (auto | ray://host:port)
@@ -73,6 +74,7 @@ CHECKPOINT_NAME = "last.pt"  # what --resume continues from
 NOT_SHIPPED = (".pt", ".mp4", ".gif", ".npz")  # large files a remote worker keeps
 STOP_GRACE_S = 300  # how long a stopped script may take to write last.pt and its replay buffer before SIGKILL
 PROGRESS = re.compile(rb"(\d+)/(\d+) \[")  # tqdm's "step/total [" in run.log
+LEFT = re.compile(rb"\d+/\d+ \[[\d:]+<([\d:]+)[,\]]")  # tqdm's estimate of the time left, "[04:04<21:23,"
 _LIVE: set[subprocess.Popen] = set()  # this process's running scripts, killed on Ctrl-C
 _STOP = threading.Event()  # set on Ctrl-C: a thread waiting to claim a run directory gives up
 
@@ -361,6 +363,15 @@ def reached_step(run_dir: Path) -> int | None:
     return int(found[-1][0]) if found else None
 
 
+def time_left(run_dir: Path) -> str | None:
+    """The time left that the run's progress bar last estimated in run.log ("21:23"), None if none."""
+    try:
+        found = LEFT.findall((run_dir / LOG_NAME).read_bytes()[-200_000:])
+    except OSError:
+        return None
+    return found[-1].decode() if found else None
+
+
 def _holder(fd: int) -> str:
     """The pid a lock file names, "?" when it names none."""
     os.lseek(fd, 0, os.SEEK_SET)
@@ -389,24 +400,52 @@ def claim(run: Run, wait: bool, say) -> int | str:
             return holder
 
 
+def _locked(path: Path) -> str | None:
+    """The pid named in the lock file `path` while another process holds it; None when it is free or absent (the
+    probe takes a shared lock and lets it go at once)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no one has ever held it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)  # closing lets the probe's lock go
+
+
+def run_status(run: Run, total_timesteps: int) -> tuple[str, str]:
+    """(state, line): where a run of the sweep stands, read from its directory and locks, nothing claimed or
+    changed. States: done, running, stopped (launching the sweep again continues it), failed, pending."""
+    record = read_json(run.run_dir / RECORD_NAME) or {}
+    if run_is_finished(run.run_dir):
+        wall = record.get("wall_time_s")
+        return "done", f"done     {run.name}" + (f" ({wall / 60:.0f} min)" if wall else "")
+    step = reached_step(run.run_dir)
+    at = f" at step {step:,} of {total_timesteps:,} ({step / total_timesteps:.0%})" if step else ""
+    sweep = _locked(run.run_dir.parent / f".{run.run_dir.name}.runner.lock")
+    if sweep is not None or (script := _locked(run.run_dir / ".lock")) is not None:
+        who = f"sweep pid {sweep}" if sweep is not None else f"script pid {script}"
+        left = f", about {eta} left" if (eta := time_left(run.run_dir)) else ""
+        return "running", f"running  {run.name}{at}{left} ({who})"
+    if record.get("status") == "failed":
+        return "failed", f"failed   {run.name}{at}: {record.get('error')}; log: {run.log}"
+    if step or record:
+        return "stopped", f"stopped  {run.name}{at}: launching the sweep again continues it from its last.pt"
+    return "pending", f"pending  {run.name}"
+
+
 def _try_claim(fd: int, run_dir: Path) -> str | None:
     """Take the sweep lock ``fd`` when neither another sweep nor a running script holds the directory; else who does."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return f"in use by another sweep (pid {_holder(fd)})"
-    try:
-        script = os.open(run_dir / ".lock", os.O_RDONLY)
-    except OSError:  # no run has ever held the directory
-        script = None
-    if script is not None:
-        try:
-            fcntl.flock(script, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released at once: only a probe
-        except BlockingIOError:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return f"in use by a running script (pid {_holder(script)})"
-        finally:
-            os.close(script)
+    if (script := _locked(run_dir / ".lock")) is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return f"in use by a running script (pid {script})"
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, str(os.getpid()).encode())
@@ -594,6 +633,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed")
     parser.add_argument("--force", action="store_true", help="rerun finished runs too")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument(
+        "--status", action="store_true", help="say where each run of this sweep stands (done, running at step n...)"
+    )
     parser.add_argument("--ray", action="store_true", help="run on a local Ray instance (ray.init())")
     parser.add_argument("--ray-address", default=None, help="an existing Ray cluster: auto | ray://host:port")
     parser.add_argument("--cpus-per-run", type=float, default=1, help="CPUs a Ray task asks for (default 1)")
@@ -652,6 +694,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for run in runs:
             print(run.command)
+        return 0
+    if args.status:
+        states = [run_status(run, args.total_timesteps) for run in runs]
+        for _, line in states:
+            print(line)
+        tally = {state: sum(s == state for s, _ in states) for state in dict.fromkeys(s for s, _ in states)}
+        print(", ".join(f"{n} {state}" for state, n in tally.items()) + f" (of {len(runs)} runs)")
         return 0
 
     _STOP.clear()

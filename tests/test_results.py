@@ -538,6 +538,30 @@ def test_a_row_is_collected_when_its_seeds_are_done_not_when_the_sweep_is(tmp_pa
     assert not (tmp_path / "env_x" / "fake_hang.json").exists() and not (tmp_path / "README.md").exists()
 
 
+def test_status_says_where_each_run_of_a_sweep_stands_and_touches_nothing(tmp_path):
+    assert run_cli(tmp_path, "--algos", "fake_a", "--seeds", "2", "--no-readme").returncode == 0
+    assert run_cli(tmp_path, "--algos", "fake_fail", "--seeds", "0,", "--no-readme").returncode == 1
+    log = tmp_path / "launches.txt"
+    cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(tmp_path)]
+    cmd += ["--envs", "env_x", "--total-timesteps", str(TOTAL), "--algos", "fake_hang", "--seeds", "0,"]
+    hang = subprocess.Popen(cmd, env={**os.environ, "FAKE_LAUNCH_LOG": str(log)}, stdout=subprocess.DEVNULL)
+    sweep = ("--algos", "fake_a,fake_fail,fake_hang", "--seeds", "3", "--status")
+    try:
+        _wait_for(lambda: launches(log), "fake_hang to start")
+        lines = run_cli(tmp_path, *sweep).stdout.splitlines()
+    finally:
+        hang.terminate()
+        hang.wait(timeout=60)
+    assert lines[0].startswith("done     env_x fake_a seed 0 (") and lines[2] == "pending  env_x fake_a seed 2"
+    run_log = tmp_path.resolve() / "runs" / "env_x" / "fake_fail" / "seed0" / "run.log"
+    assert lines[3] == f"failed   env_x fake_fail seed 0: exit status 3; log: {run_log}"
+    assert lines[6] == f"running  env_x fake_hang seed 0 (sweep pid {hang.pid})"
+    assert lines[-1] == "2 done, 5 pending, 1 failed, 1 running (of 9 runs)"
+    assert not (tmp_path / "runs" / "env_x" / "fake_a" / "seed2").exists()  # nothing claimed or made
+    lines = run_cli(tmp_path, *sweep).stdout.splitlines()  # the sweep stopped mid-run: a relaunch continues it
+    assert lines[6] == "stopped  env_x fake_hang seed 0: launching the sweep again continues it from its last.pt"
+
+
 def _sweep_command(out: Path, *flags: str) -> list[str]:
     cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(out)]
     return cmd + ["--envs", "env_x", "--total-timesteps", str(TOTAL), "--algos", "fake_a", "--workers", "1", *flags]
