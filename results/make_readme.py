@@ -436,6 +436,11 @@ BENCHMARK_ROWS = {"iql": 2_000_000, "vdn": 2_000_000, "qmix": 2_000_000, "maddpg
                   "ippo": 20_000_000, "mappo": 20_000_000, "coma": 20_000_000}  # fmt: skip
 
 
+def benchmark_tasks(by_env: dict[str, list[dict]]) -> dict[str, dict[str, dict]]:
+    """The EPyMARL benchmark's tasks among the results, sorted: {env_id: {row label: its result}}."""
+    return {env: {r["algo"]: r for r in results} for env, results in sorted(by_env.items()) if team_size(env)}
+
+
 def budget_note(result: dict, budget: int) -> str:
     """What a benchmark row was made with other than the benchmark's budget and 3 seeds ("1M, 2 seeds"); "" if
     nothing."""
@@ -448,7 +453,7 @@ def benchmark_overview(by_env: dict[str, list[dict]], plot: str = "") -> list[st
     the final policy, mean ± std over seeds, EPyMARL's maximum returns in brackets; the task's best mean in bold; a
     budget or seed count other than the benchmark's said in the cell. Variants and the rest: the task sections. `plot`:
     the heatmap's path, shown above the table."""
-    tasks = {env: {r["algo"]: r for r in results} for env, results in by_env.items() if team_size(env)}
+    tasks = benchmark_tasks(by_env)
     if not tasks:
         return []
     lines = ["## The EPyMARL benchmark at a glance", "",
@@ -462,7 +467,7 @@ def benchmark_overview(by_env: dict[str, list[dict]], plot: str = "") -> list[st
              *([f"![the EPyMARL benchmark at a glance]({plot})", ""] if plot else []),
              "| task | " + " | ".join(f"`{a}`" for a in BENCHMARK_ROWS) + " |",
              "|---" * (len(BENCHMARK_ROWS) + 1) + "|"]  # fmt: skip
-    for env_id, rows in sorted(tasks.items()):
+    for env_id, rows in tasks.items():
         size = team_size(env_id)
         finals = {algo: team_finals(rows[algo], size) for algo in BENCHMARK_ROWS if algo in rows}
         best = max((x.mean() for x in finals.values()), default=None)
@@ -610,7 +615,7 @@ def plot_benchmark(by_env: dict[str, list[dict]], path: Path) -> bool:
     """The EPyMARL benchmark at a glance as a heatmap: each cell the team's total of the final policy (mean over
     seeds), coloured as a fraction of the task's best cell (yellow: the best; dark: nothing collected or
     delivered). Returns whether there was anything to draw."""
-    tasks = {env: {r["algo"]: r for r in results} for env, results in sorted(by_env.items()) if team_size(env)}
+    tasks = benchmark_tasks(by_env)
     if not tasks:
         return False
     algos = list(BENCHMARK_ROWS)
