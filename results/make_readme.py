@@ -129,6 +129,11 @@ def fmt(x: float | None, digits: int = 2) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+def n_seeds(n: int) -> str:
+    """A count of seeds in words: 1 seed, 3 seeds."""
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def fmt_steps(steps: int | None) -> str:
     """10000000 -> '10M', 20000 -> '20k', 512 -> '512'."""
     if steps is None:
@@ -234,7 +239,7 @@ def plot_curves(env_id: str, results: list[dict], path: Path, references: list[d
             for result, color, style in rows:
                 curve = result["curve"]
                 steps = as_array(curve["steps"])
-                label = f"{result['algo']} ({len(result['seeds'])} seeds)"
+                label = f"{result['algo']} ({n_seeds(len(result['seeds']))})"
                 ax.plot(steps, as_array(curve["mean"]), color=color, linestyle=style, linewidth=1.6, label=label)
                 low, high = as_array(curve["ci95_low"]), as_array(curve["ci95_high"])
                 ax.fill_between(steps, low, high, color=color, alpha=0.12, linewidth=0)
@@ -260,7 +265,7 @@ def reference_cell(ref: dict, note: int, brief: bool = False) -> str:
     entry's note (beside a variant row: the note is on the reference's own row)."""
     std = f" ± {fmt(ref['std'])}" if ref["std"] is not None else ""
     details = [
-        f"{ref['n_seeds']} seeds" if ref["n_seeds"] else None,
+        n_seeds(ref["n_seeds"]) if ref["n_seeds"] else None,
         f"{fmt_steps(ref['total_timesteps'])} steps",
     ]
     if ref["best"] is not None:
@@ -356,7 +361,7 @@ def message_worth_table(env_id: str, ours: dict[str, dict]) -> list[str]:
     for comm, nocomm in pairs:
         with_, without = (team_finals(ours[r], size) for r in (comm, nocomm))
         low, high = difference_ci(with_, without)
-        cells = [f"{fmt(np.mean(x))} ± {fmt(sample_std(x))} ({len(x)} seeds)" for x in (with_, without)]
+        cells = [f"{fmt(np.mean(x))} ± {fmt(sample_std(x))} ({n_seeds(len(x))})" for x in (with_, without)]
         worth = f"{np.mean(with_) - np.mean(without):+.2f} [{low:+.2f}, {high:+.2f}]"
         lines.append(f"| `{comm}` vs `{nocomm}` | " + " | ".join(cells) + f" | {worth} |")
     return [*lines, ""]
@@ -415,7 +420,7 @@ def benchmark_table(env_id: str, ours: dict[str, dict]) -> list[str]:
     ]
     for algo, result in sorted(ours.items()):
         finals = team_finals(result, size)
-        cells = [f"`{algo}`", f"**{fmt(finals.mean())} ± {fmt(sample_std(finals))}** ({finals.size} seeds)"]
+        cells = [f"`{algo}`", f"**{fmt(finals.mean())} ± {fmt(sample_std(finals))}** ({n_seeds(finals.size)})"]
         if metrics := epymarl_metrics(result):
             best, average, count = metrics
             every = result["config"].get("eval_interval")
@@ -445,7 +450,7 @@ def budget_note(result: dict, budget: int) -> str:
     """What a benchmark row was made with other than the benchmark's budget and 3 seeds ("1M, 2 seeds"); "" if
     nothing."""
     other = [fmt_steps(result.get("total_timesteps"))] if result.get("total_timesteps") != budget else []
-    return ", ".join(other + ([f"{len(result['per_seed'])} seeds"] if len(result["per_seed"]) != 3 else []))
+    return ", ".join(other + ([n_seeds(len(result["per_seed"]))] if len(result["per_seed"]) != 3 else []))
 
 
 def benchmark_overview(by_env: dict[str, list[dict]], plot: str = "") -> list[str]:
@@ -491,7 +496,7 @@ def final_policy_cell(result: dict) -> str:
     """The headline: the final policies on the fixed episode set (protocol v2: final_eval.json of every seed)."""
     final = result["summary"]["final_policy"]
     episodes = {p["final_policy"]["episodes"] for p in result["per_seed"]}
-    return f"**{fmt(final['mean'])} ± {fmt(final['std'])}** ({final['n']} seeds, {max(episodes)} ep. each)"
+    return f"**{fmt(final['mean'])} ± {fmt(final['std'])}** ({n_seeds(final['n'])}, {max(episodes)} ep. each)"
 
 
 # the overview's columns: issue 23's matrix first, then the scripts that joined it
@@ -710,7 +715,7 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
             final, best = result["summary"]["final_eval_return"], result["summary"]["best_eval_return"]
             low, high = final["iqm_ci95"]
             cells[1] = final_policy_cell(result)
-            cells[2] = f"{fmt(final['mean'])} ± {fmt(final['std'])} ({final['n']} seeds)"
+            cells[2] = f"{fmt(final['mean'])} ± {fmt(final['std'])} ({n_seeds(final['n'])})"
             cells[3] = f"{fmt(final['iqm'])} [{fmt(low)}, {fmt(high)}]"
             cells[4] = fmt(best["mean"]) if best else "—"
             cells[6] = fmt_steps(result["total_timesteps"])

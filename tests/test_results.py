@@ -964,6 +964,7 @@ def test_the_benchmark_at_a_glance_has_a_cell_per_task_and_algorithm_in_team_tot
     texts = drawn["t"][1]
     assert texts[iql] == "0.40\n1M" and texts[coma] == "0.00\n2 seeds" and texts[mappo] == "0.99"
     assert make_readme.plot_benchmark({"simple_v3": by_env["simple_spread_v3"]}, tmp_path / "x.png") is False
+    assert make_readme.budget_note(row("mappo", lbf, [0.5], 10_000_000), 20_000_000) == "10M, 1 seed"
 
 
 def test_every_curve_of_a_panel_has_its_own_colour_and_line_style():
