@@ -560,6 +560,12 @@ def test_status_says_where_each_run_of_a_sweep_stands_and_touches_nothing(tmp_pa
     assert not (tmp_path / "runs" / "env_x" / "fake_a" / "seed2").exists()  # nothing claimed or made
     lines = run_cli(tmp_path, *sweep).stdout.splitlines()  # the sweep stopped mid-run: a relaunch continues it
     assert lines[6] == "stopped  env_x fake_hang seed 0: launching the sweep again continues it from its last.pt"
+    run_dir = tmp_path / "runs" / "env_x" / "fake_hang" / "seed0"
+    with open(run_dir / "run.log", "a") as log_file:  # a script's progress bar, as tqdm writes it
+        log_file.write(" 50%|#####     | 500/1000 [04:04<03:58, 2.05step/s, SPS=2]\r")
+    lines = run_cli(tmp_path, *sweep).stdout.splitlines()
+    assert lines[6].startswith("stopped  env_x fake_hang seed 0 at step 500 of 1,000 (50%): ")
+    assert sweep_runner.time_left(run_dir) == "03:58"
 
 
 def _sweep_command(out: Path, *flags: str) -> list[str]:
