@@ -59,6 +59,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -699,8 +700,8 @@ def main(argv: list[str] | None = None) -> int:
         states = [run_status(run, args.total_timesteps) for run in runs]
         for _, line in states:
             print(line)
-        tally = {state: sum(s == state for s, _ in states) for state in dict.fromkeys(s for s, _ in states)}
-        print(", ".join(f"{n} {state}" for state, n in tally.items()) + f" (of {len(runs)} runs)")
+        counts = Counter(state for state, _ in states)  # in the order the states first appear
+        print(", ".join(f"{n} {state}" for state, n in counts.items()) + f" (of {len(runs)} runs)")
         return 0
 
     _STOP.clear()
