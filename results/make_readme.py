@@ -442,8 +442,13 @@ BENCHMARK_ROWS = {"iql": 2_000_000, "vdn": 2_000_000, "qmix": 2_000_000, "maddpg
 
 
 def benchmark_tasks(by_env: dict[str, list[dict]]) -> dict[str, dict[str, dict]]:
-    """The EPyMARL benchmark's tasks among the results, sorted: {env_id: {row label: its result}}."""
-    return {env: {r["algo"]: r for r in results} for env, results in sorted(by_env.items()) if team_size(env)}
+    """The EPyMARL benchmark's tasks among the results, in the benchmark's order (the registry's: LBF from 8x8 up,
+    then RWARE): {env_id: {row label: its result}}."""
+    from envs.registry import REGISTRY
+
+    order = list(REGISTRY)
+    tasks = sorted((env for env in by_env if team_size(env)), key=order.index)
+    return {env: {r["algo"]: r for r in by_env[env]} for env in tasks}
 
 
 def budget_note(result: dict, budget: int) -> str:

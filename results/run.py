@@ -684,156 +684,189 @@ def earlier_seeds(out: Path, env_id: str, label: str, swept: list[int], total_ti
     return same
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the sweep, collect it, regenerate the README; 0 when every run and collection succeeded."""
-    from tqdm import tqdm
+class Sweep:
+    """One sweep's runs and their outcomes as they come in: the progress bar and its tallies, the run directories
+    this sweep holds locked, and the rows it publishes, each as soon as its seeds are settled (a six-hour sweep
+    publishes every row it can before its end, not all at its end)."""
 
-    raw_argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(raw_argv)
-    runs = plan(args)
-    sweep_command = shlex.join(["python", _display_path(Path(__file__)), *raw_argv])
-    if args.dry_run:
+    def __init__(self, args: argparse.Namespace, runs: list[Run], sweep_command: str):
+        from tqdm import tqdm
+
+        self.args, self.runs, self.sweep_command = args, runs, sweep_command
+        self.failures: list[str] = []
+        self.todo: list[Run] = []
+        self.collectable: list[Run] = []  # finished now: skipped here or succeeding below
         for run in runs:
-            print(run.command)
-        return 0
-    if args.status:
-        states = [run_status(run, args.total_timesteps) for run in runs]
-        for _, line in states:
-            print(line)
-        counts = Counter(state for state, _ in states)  # in the order the states first appear
-        print(", ".join(f"{n} {state}" for state, n in counts.items()) + f" (of {len(runs)} runs)")
-        return 0
+            verdict = triage(run, args.force)
+            if verdict == "skip":
+                self.collectable.append(run)
+            elif verdict in (None, "resume"):
+                self.todo.append(run)
+            else:
+                self.failures.append(f"FAILED {run.name}: {verdict}")
+        self.commit = git_commit()
+        self.bar = tqdm(total=len(runs), initial=len(self.collectable), desc="runs", unit="run", dynamic_ncols=True)
+        self.counts = {"ok": 0, "skipped": len(self.collectable), "failed": len(self.failures), "busy": 0}
+        self.bar.set_postfix(self.counts)
+        self.lock = threading.Lock()
+        self.claims: dict[
+            Path, int
+        ] = {}  # run directory -> the fd of this sweep's lock on it, until its record is written
+        self.rows: dict[tuple[str, str], set[Path]] = {}  # (env_id, label "<algo>-<variant>") -> its runs in this sweep
+        for run in runs:
+            self.rows.setdefault((run.env_id, run.algo), set()).add(run.run_dir)
+        self.settled = {run.run_dir for run in runs} - {run.run_dir for run in self.todo}  # skipped or refused
+        self.written: set[tuple[str, str]] = set()  # rows this sweep has collected
+        self.paths: list[Path] = []
+        self.errors: list[str] = []
 
-    _STOP.clear()
-    failures: list[str] = []
-    todo: list[Run] = []
-    collectable: list[Run] = []  # finished now: skipped here or succeeding below
-    for run in runs:
-        verdict = triage(run, args.force)
-        if verdict == "skip":
-            collectable.append(run)
-        elif verdict in (None, "resume"):
-            todo.append(run)
-        else:
-            failures.append(f"FAILED {run.name}: {verdict}")
-    commit = git_commit()
-
-    bar = tqdm(total=len(runs), initial=len(collectable), desc="runs", unit="run", dynamic_ncols=True)
-    counts = {"ok": 0, "skipped": len(collectable), "failed": len(failures), "busy": 0}
-    bar.set_postfix(counts)
-    lock = threading.Lock()
-    claims: dict[Path, int] = {}  # run directory -> the fd of this sweep's lock on it, held until its record is written
-
-    rows: dict[tuple[str, str], set[Path]] = {}  # (env_id, label "<algo>-<variant>") -> its runs in this sweep
-    for run in runs:
-        rows.setdefault((run.env_id, run.algo), set()).add(run.run_dir)
-    settled = {run.run_dir for run in runs} - {run.run_dir for run in todo}  # with an outcome: skipped or refused
-    written: set[tuple[str, str]] = set()  # rows this sweep has collected
-    paths: list[Path] = []
-    errors: list[str] = []
-
-    def collect_rows(keys: list[tuple[str, str]], say=print) -> None:
+    def collect_rows(self, keys: list[tuple[str, str]], say=print) -> None:
         """Write the result file of each row in `keys`: this sweep's seeds of it, minus those that failed or hold
         another command, and the seeds an earlier sweep of the same label and budget finished (a sweep adding
         seeds keeps the others)."""
-        groups = {key: [run.seed for run in collectable if (run.env_id, run.algo) == key] for key in keys}
+        args = self.args
+        groups = {key: [run.seed for run in self.collectable if (run.env_id, run.algo) == key] for key in keys}
         for (env_id, algo), seeds in groups.items():
             if seeds:
                 seeds += earlier_seeds(args.out, env_id, algo, seeds, args.total_timesteps, say)
         new_paths, new_errors = collect(args.out, groups, args.total_timesteps)
-        paths.extend(new_paths)
-        errors.extend(new_errors)
-        written.update(keys)
+        self.paths.extend(new_paths)
+        self.errors.extend(new_errors)
+        self.written.update(keys)
         for path in new_paths:
             say(f"wrote {path}")
         for (env_id, algo), seeds in groups.items():
             if seeds and (left := sorted(set(args.seeds) - set(seeds))):
                 say(f"{env_id}/{algo}: collected without seed(s) {left} (see above)", file=sys.stderr)
 
-    def tally(run: Run, outcome: str, message: str | None = None) -> None:
-        with lock:
-            settled.add(run.run_dir)
-            counts[outcome] += 1
+    def tally(self, run: Run, outcome: str, message: str | None = None) -> None:
+        with self.lock:
+            self.settled.add(run.run_dir)
+            self.counts[outcome] += 1
             if outcome in ("ok", "skipped"):
-                collectable.append(run)
+                self.collectable.append(run)
             if message:
-                bar.write(message)
+                self.bar.write(message)
                 if outcome in ("failed", "busy"):
-                    failures.append(message)
-            bar.update(1)
-            bar.set_postfix(counts)
+                    self.failures.append(message)
+            self.bar.update(1)
+            self.bar.set_postfix(self.counts)
 
-    def start(run: Run) -> dict | None:
+    def start(self, run: Run) -> dict | None:
         """Claim, triage (again: another sweep may have run it meanwhile) and prepare a run just before it runs.
 
         Locally a busy run is waited for (the other sweep's result is then collected); Ray claims every run at
         launch, so there a busy run is left to the sweep that holds it.
         """
-        claimed = claim(run, not args.use_ray, lambda why: bar.write(f"busy    {run.name}: {why}"))
+        claimed = claim(run, not self.args.use_ray, lambda why: self.bar.write(f"busy    {run.name}: {why}"))
         if isinstance(claimed, str):
-            tally(run, "busy", f"BUSY   {run.name}: {claimed}; not run, and not in this sweep's results")
+            self.tally(run, "busy", f"BUSY   {run.name}: {claimed}; not run, and not in this sweep's results")
             return None
-        verdict = triage(run, args.force)
+        verdict = triage(run, self.args.force)
         if verdict not in (None, "resume"):
             os.close(claimed)
             if verdict == "skip":
-                tally(run, "skipped", f"skip    {run.name}: finished meanwhile by another sweep")
+                self.tally(run, "skipped", f"skip    {run.name}: finished meanwhile by another sweep")
             else:
-                tally(run, "failed", f"FAILED {run.name}: {verdict}")
+                self.tally(run, "failed", f"FAILED {run.name}: {verdict}")
             return None
-        claims[run.run_dir] = claimed
+        self.claims[run.run_dir] = claimed
         resume = None
         if verdict == "resume":
             resume = resume_line(run)
-            bar.write(resume)
-        return prepare(run, args, commit, sweep_command, resume)
+            self.bar.write(resume)
+        return prepare(run, self.args, self.commit, self.sweep_command, resume)
 
-    def on_done(run: Run, record: dict, files: dict[str, bytes] | None) -> None:
+    def on_done(self, run: Run, record: dict, files: dict[str, bytes] | None) -> None:
         clash = finish(run, record, files)
-        os.close(claims.pop(run.run_dir))
+        os.close(self.claims.pop(run.run_dir))
         if clash is not None:
-            tally(run, "failed", f"FAILED {run.name}: {clash}")
+            self.tally(run, "failed", f"FAILED {run.name}: {clash}")
         elif record["status"] == "ok":
-            tally(run, "ok", f"ok      {run.name} ({record.get('wall_time_s', 0):.1f} s)")
+            self.tally(run, "ok", f"ok      {run.name} ({record.get('wall_time_s', 0):.1f} s)")
         else:
-            tally(run, "failed", f"FAILED {run.name}: {record.get('error')}; log: {run.log}")
+            self.tally(run, "failed", f"FAILED {run.name}: {record.get('error')}; log: {run.log}")
         key = (run.env_id, run.algo)
-        if not args.no_collect and key not in written and rows[key] <= settled:
-            with lock:  # a row is published as soon as its seeds are done, not when the whole sweep is
-                collect_rows([key], bar.write)
+        if not self.args.no_collect and key not in self.written and self.rows[key] <= self.settled:
+            with self.lock:  # a row is published as soon as its seeds are done, not when the whole sweep is
+                self.collect_rows([key], self.bar.write)
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
+    def execute(self) -> bool:
+        """Run what is left to run; False when interrupted (Ctrl-C, or a SIGTERM to the sweep, which also stops its
+        scripts)."""
 
-    previous = signal.signal(signal.SIGTERM, interrupt)  # a killed sweep also stops its scripts
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            if self.args.use_ray:  # Ray queues every task at once: claim them all now
+                specs = [(run, spec) for run in self.todo if (spec := self.start(run)) is not None]
+                run_ray(specs, self.args, self.on_done)
+            else:
+                run_local(self.todo, self.args.workers, self.start, self.on_done)
+        except KeyboardInterrupt:
+            self.bar.close()
+            print("interrupted", file=sys.stderr)
+            return False
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        self.bar.close()
+        return True
+
+    def report(self) -> int:
+        """Collect the rows no run of this sweep ended (all skipped...), regenerate the README, say how the sweep
+        went; 0 when every run and collection succeeded."""
+        if not self.args.no_collect:
+            self.collect_rows([key for key in self.rows if key not in self.written])
+            if self.paths and not self.args.no_readme:
+                import make_readme
+
+                print(f"wrote {make_readme.generate(self.args.out)}")
+        ok, skipped, failed, busy = (self.counts[k] for k in ("ok", "skipped", "failed", "busy"))
+        print(
+            f"{ok} ran, {skipped} skipped, {failed} failed"
+            + (f", {busy} busy" if busy else "")
+            + f" (of {len(self.runs)} runs)"
+        )
+        for message in self.failures:
+            print(message, file=sys.stderr)
+        for error in self.errors:
+            print(f"collect error: {error}", file=sys.stderr)
+        return 1 if self.failures or self.errors else 0
+
+
+def print_status(runs: list[Run], total_timesteps: int) -> None:
+    """`--status`: one line per run and the tally of states; a reader that closes the pipe early (`| head`) ends it
+    quietly."""
     try:
-        if args.use_ray:  # Ray queues every task at once: claim them all now
-            specs = [(run, spec) for run in todo if (spec := start(run)) is not None]
-            run_ray(specs, args, on_done)
-        else:
-            run_local(todo, args.workers, start, on_done)
-    except KeyboardInterrupt:
-        bar.close()
-        print("interrupted", file=sys.stderr)
+        states = [run_status(run, total_timesteps) for run in runs]
+        for _, line in states:
+            print(line)
+        counts = Counter(state for state, _ in states)  # in the order the states first appear
+        print(", ".join(f"{n} {state}" for state, n in counts.items()) + f" (of {len(runs)} runs)")
+        sys.stdout.flush()
+    except BrokenPipeError:  # Python's own recipe: point stdout at devnull so that its flush at exit is quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep, collect it, regenerate the README; 0 when every run and collection succeeded."""
+    raw_argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(raw_argv)
+    runs = plan(args)
+    if args.dry_run:
+        for run in runs:
+            print(run.command)
+        return 0
+    if args.status:
+        print_status(runs, args.total_timesteps)
+        return 0
+    _STOP.clear()
+    sweep = Sweep(args, runs, shlex.join(["python", _display_path(Path(__file__)), *raw_argv]))
+    if not sweep.execute():
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    bar.close()
-
-    if not args.no_collect:
-        collect_rows([key for key in rows if key not in written])  # rows no run of this sweep ended (all skipped...)
-        if paths and not args.no_readme:
-            import make_readme
-
-            print(f"wrote {make_readme.generate(args.out)}")
-
-    busy = f", {counts['busy']} busy" if counts["busy"] else ""
-    print(f"{counts['ok']} ran, {counts['skipped']} skipped, {counts['failed']} failed{busy} (of {len(runs)} runs)")
-    for message in failures:
-        print(message, file=sys.stderr)
-    for error in errors:
-        print(f"collect error: {error}", file=sys.stderr)
-    return 1 if failures or errors else 0
+    return sweep.report()
 
 
 if __name__ == "__main__":

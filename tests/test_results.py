@@ -566,6 +566,14 @@ def test_status_says_where_each_run_of_a_sweep_stands_and_touches_nothing(tmp_pa
     lines = run_cli(tmp_path, *sweep).stdout.splitlines()
     assert lines[6].startswith("stopped  env_x fake_hang seed 0 at step 500 of 1,000 (50%): ")
     assert sweep_runner.time_left(run_dir) == "03:58"
+    # a reader that has gone before the first line (`--status | head` with a long sweep): no BrokenPipeError trace
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    cmd = [sys.executable, str(RESULTS / "run.py"), "--algos-dir", str(FAKES), "--out", str(tmp_path)]
+    cmd += ["--envs", "env_x", "--total-timesteps", str(TOTAL), *sweep]
+    gone = subprocess.run(cmd, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write_end)
+    assert gone.returncode == 0 and gone.stderr == ""
 
 
 def _sweep_command(out: Path, *flags: str) -> list[str]:
@@ -951,8 +959,8 @@ def test_the_benchmark_at_a_glance_has_a_cell_per_task_and_algorithm_in_team_tot
     assert lines[0] == "## The EPyMARL benchmark at a glance"
     header, rows = lines[4], [line for line in lines if line.startswith("| Foraging")]
     assert header.split(" | ")[1:4] == ["`iql`", "`vdn`", "`qmix`"] and "qmix-tf50" not in header  # variants: below
-    assert [r.split(" | ")[0] for r in rows] == [f"| {twin}", f"| {lbf}"]  # MPE is not a benchmark task
-    cells = dict(zip(header.strip("| ").split(" | "), rows[1].strip("| ").split(" | "), strict=True))
+    assert [r.split(" | ")[0] for r in rows] == [f"| {lbf}", f"| {twin}"]  # the benchmark's order; MPE is not in it
+    cells = dict(zip(header.strip("| ").split(" | "), rows[0].strip("| ").split(" | "), strict=True))
     assert cells["`mappo`"] == "**0.99 ± 0.01** [1.00]"  # 2 players: the team's total; the task's best in bold
     assert cells["`iql`"] == "0.40 ± 0.20 [1.00] (1M)"  # not the benchmark's 2M: said so
     assert cells["`coma`"] == "0.00 ± 0.00 [0.90] (2 seeds)" and cells["`vdn`"] == "—"
@@ -960,14 +968,14 @@ def test_the_benchmark_at_a_glance_has_a_cell_per_task_and_algorithm_in_team_tot
     # its heatmap: the same cells, coloured as a fraction of the task's best, another budget or seed count hatched
     drawn = {}
     monkeypatch.setattr(make_readme, "draw_heatmap", lambda *args: drawn.update(zip("prasth", args[:6], strict=True)))
-    assert make_readme.plot_benchmark(by_env, tmp_path / "x.png") and drawn["r"] == [twin, lbf]
+    assert make_readme.plot_benchmark(by_env, tmp_path / "x.png") and drawn["r"] == [lbf, twin]
     algos, shade = drawn["a"], drawn["s"]
     assert algos == list(make_readme.BENCHMARK_ROWS) and shade.shape == (2, 7)
     mappo, iql, coma, vdn = (algos.index(a) for a in ("mappo", "iql", "coma", "vdn"))
-    assert shade[1, mappo] == 1 and shade[1, iql] == pytest.approx(0.4 / (2 * 1.49 / 3)) and shade[1, coma] == 0
-    assert np.isnan(shade[1, vdn]) and shade[0, vdn] == 1  # not run: no colour; the task's only cell: its best
-    assert drawn["h"][1, iql] and drawn["h"][1, coma] and not drawn["h"][1, mappo]
-    texts = drawn["t"][1]
+    assert shade[0, mappo] == 1 and shade[0, iql] == pytest.approx(0.4 / (2 * 1.49 / 3)) and shade[0, coma] == 0
+    assert np.isnan(shade[0, vdn]) and shade[1, vdn] == 1  # not run: no colour; the task's only cell: its best
+    assert drawn["h"][0, iql] and drawn["h"][0, coma] and not drawn["h"][0, mappo]
+    texts = drawn["t"][0]
     assert texts[iql] == "0.40\n1M" and texts[coma] == "0.00\n2 seeds" and texts[mappo] == "0.99"
     assert make_readme.plot_benchmark({"simple_v3": by_env["simple_spread_v3"]}, tmp_path / "x.png") is False
     assert make_readme.budget_note(row("mappo", lbf, [0.5], 10_000_000), 20_000_000) == "10M, 1 seed"
