@@ -28,6 +28,7 @@ import inspect
 import sys
 from dataclasses import dataclass
 
+from envs import foraging, matrix_games, warehouse  # the task families hold their task names
 from envs.api import VecEnv
 from envs.relations import declare_entities
 
@@ -80,10 +81,6 @@ _MAGENT = {
     "battlefield_v5": 46,
 }
 _BUTTERFLY = ["cooperative_pong_v6", "knights_archers_zombies_v11", "pistonball_v6"]
-_LBF = ["Foraging-8x8-2p-2f-coop", "Foraging-2s-8x8-2p-2f-coop", "Foraging-10x10-3p-3f", "Foraging-2s-10x10-3p-3f",
-        "Foraging-15x15-3p-5f", "Foraging-15x15-4p-3f", "Foraging-15x15-4p-5f"]  # fmt: skip
-_RWARE = ["rware-tiny-2ag", "rware-tiny-4ag", "rware-small-4ag"]
-_MATRIX = ["matrix_qtran", "matrix_climbing", "matrix_penalty"]
 # PettingZoo >= 1.27 deprecates importing `pettingzoo.butterfly.<id>`; its own registry points at
 # the implementation modules, and so do we.
 
@@ -97,9 +94,9 @@ REGISTRY: dict[str, EnvEntry] = {
         for name, base in ((name, name.rsplit("_v", 1)[0]) for name in _BUTTERFLY)
     },
     # neither has a state(): the state is the concatenated observations, as EPyMARL builds it
-    **{name: EnvEntry("lbf", "envs.foraging", state_from_obs=True, task=name) for name in _LBF},
-    **{name: EnvEntry("rware", "envs.warehouse", state_from_obs=True, task=name) for name in _RWARE},
-    **{name: EnvEntry("matrix", "envs.matrix_games", state_from_obs=True, task=name) for name in _MATRIX},
+    **{name: EnvEntry("lbf", "envs.foraging", state_from_obs=True, task=name) for name in foraging.TASKS},
+    **{name: EnvEntry("rware", "envs.warehouse", state_from_obs=True, task=name) for name in warehouse.TASKS},
+    **{name: EnvEntry("matrix", "envs.matrix_games", state_from_obs=True, task=name) for name in matrix_games.TASKS},
 }
 
 
