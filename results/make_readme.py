@@ -473,7 +473,8 @@ def benchmark_overview(by_env: dict[str, list[dict]], plot: str = "") -> list[st
              "best mean over seeds of one periodic evaluation, picked after the fact); the task's best final policy "
              "in bold. Every script at its defaults and the benchmark's budget, 2M steps off-policy (`iql`, `vdn`, "
              "`qmix`, `maddpg-discrete`) and 20M on-policy (`ippo`, `mappo`, `coma`); a cell made otherwise says "
-             "so. \"—\": not run yet.", "",
+             "so. \"—\": not run yet. Who wins where, and why: "
+             "[epymarl_benchmark.md](epymarl_benchmark.md#who-wins-where-and-why).", "",
              *([f"![the EPyMARL benchmark at a glance]({plot})", ""] if plot else []),
              "| task | " + " | ".join(f"`{a}`" for a in BENCHMARK_ROWS) + " |",
              "|---" * (len(BENCHMARK_ROWS) + 1) + "|"]  # fmt: skip

@@ -709,9 +709,8 @@ class Sweep:
         self.counts = {"ok": 0, "skipped": len(self.collectable), "failed": len(self.failures), "busy": 0}
         self.bar.set_postfix(self.counts)
         self.lock = threading.Lock()
-        self.claims: dict[
-            Path, int
-        ] = {}  # run directory -> the fd of this sweep's lock on it, until its record is written
+        # run directory -> the fd of this sweep's lock on it, held until its record is written
+        self.claims: dict[Path, int] = {}
         self.rows: dict[tuple[str, str], set[Path]] = {}  # (env_id, label "<algo>-<variant>") -> its runs in this sweep
         for run in runs:
             self.rows.setdefault((run.env_id, run.algo), set()).add(run.run_dir)
