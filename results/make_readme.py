@@ -446,9 +446,7 @@ def benchmark_tasks(by_env: dict[str, list[dict]]) -> dict[str, dict[str, dict]]
     then RWARE): {env_id: {row label: its result}}."""
     from envs.registry import REGISTRY
 
-    order = list(REGISTRY)
-    tasks = sorted((env for env in by_env if team_size(env)), key=order.index)
-    return {env: {r["algo"]: r for r in by_env[env]} for env in tasks}
+    return {env: {r["algo"]: r for r in by_env[env]} for env in REGISTRY if env in by_env and team_size(env)}
 
 
 def budget_note(result: dict, budget: int) -> str:
