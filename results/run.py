@@ -693,38 +693,47 @@ class Sweep:
         from tqdm import tqdm
 
         self.args, self.runs, self.sweep_command = args, runs, sweep_command
-        self.failures: list[str] = []
+        self.outcomes: dict[Path, str] = {}  # run directory -> "ok", "skipped", "failed" or "busy", once settled
+        self.failures: list[str] = []  # the lines that say why a run failed or was not run
         self.todo: list[Run] = []
-        self.collectable: list[Run] = []  # finished now: skipped here or succeeding below
         for run in runs:
             verdict = triage(run, args.force)
             if verdict == "skip":
-                self.collectable.append(run)
+                self.outcomes[run.run_dir] = "skipped"
             elif verdict in (None, "resume"):
                 self.todo.append(run)
             else:
+                self.outcomes[run.run_dir] = "failed"
                 self.failures.append(f"FAILED {run.name}: {verdict}")
         self.commit = git_commit()
-        self.bar = tqdm(total=len(runs), initial=len(self.collectable), desc="runs", unit="run", dynamic_ncols=True)
-        self.counts = {"ok": 0, "skipped": len(self.collectable), "failed": len(self.failures), "busy": 0}
-        self.bar.set_postfix(self.counts)
+        self.bar = tqdm(total=len(runs), initial=len(self.outcomes), desc="runs", unit="run", dynamic_ncols=True)
+        self.bar.set_postfix(self.counts())
         self.lock = threading.Lock()
         # run directory -> the fd of this sweep's lock on it, held until its record is written
         self.claims: dict[Path, int] = {}
         self.rows: dict[tuple[str, str], set[Path]] = {}  # (env_id, label "<algo>-<variant>") -> its runs in this sweep
         for run in runs:
             self.rows.setdefault((run.env_id, run.algo), set()).add(run.run_dir)
-        self.settled = {run.run_dir for run in runs} - {run.run_dir for run in self.todo}  # skipped or refused
         self.written: set[tuple[str, str]] = set()  # rows this sweep has collected
         self.paths: list[Path] = []
         self.errors: list[str] = []
+
+    def counts(self) -> dict[str, int]:
+        """The bar's tallies, read from the outcomes (the refused runs count as failed)."""
+        tally = Counter(self.outcomes.values())
+        return {outcome: tally[outcome] for outcome in ("ok", "skipped", "failed", "busy")}
+
+    def collectable(self) -> list[Run]:
+        """The runs finished now: skipped as done, or run to the end by this sweep."""
+        return [run for run in self.runs if self.outcomes.get(run.run_dir) in ("ok", "skipped")]
 
     def collect_rows(self, keys: list[tuple[str, str]], say=print) -> None:
         """Write the result file of each row in `keys`: this sweep's seeds of it, minus those that failed or hold
         another command, and the seeds an earlier sweep of the same label and budget finished (a sweep adding
         seeds keeps the others)."""
         args = self.args
-        groups = {key: [run.seed for run in self.collectable if (run.env_id, run.algo) == key] for key in keys}
+        collectable = self.collectable()
+        groups = {key: [run.seed for run in collectable if (run.env_id, run.algo) == key] for key in keys}
         for (env_id, algo), seeds in groups.items():
             if seeds:
                 seeds += earlier_seeds(args.out, env_id, algo, seeds, args.total_timesteps, say)
@@ -740,16 +749,13 @@ class Sweep:
 
     def tally(self, run: Run, outcome: str, message: str | None = None) -> None:
         with self.lock:
-            self.settled.add(run.run_dir)
-            self.counts[outcome] += 1
-            if outcome in ("ok", "skipped"):
-                self.collectable.append(run)
+            self.outcomes[run.run_dir] = outcome
             if message:
                 self.bar.write(message)
                 if outcome in ("failed", "busy"):
                     self.failures.append(message)
             self.bar.update(1)
-            self.bar.set_postfix(self.counts)
+            self.bar.set_postfix(self.counts())
 
     def start(self, run: Run) -> dict | None:
         """Claim, triage (again: another sweep may have run it meanwhile) and prepare a run just before it runs.
@@ -786,7 +792,7 @@ class Sweep:
         else:
             self.tally(run, "failed", f"FAILED {run.name}: {record.get('error')}; log: {run.log}")
         key = (run.env_id, run.algo)
-        if not self.args.no_collect and key not in self.written and self.rows[key] <= self.settled:
+        if not self.args.no_collect and key not in self.written and self.rows[key] <= self.outcomes.keys():
             with self.lock:  # a row is published as soon as its seeds are done, not when the whole sweep is
                 self.collect_rows([key], self.bar.write)
 
@@ -822,7 +828,7 @@ class Sweep:
                 import make_readme
 
                 print(f"wrote {make_readme.generate(self.args.out)}")
-        ok, skipped, failed, busy = (self.counts[k] for k in ("ok", "skipped", "failed", "busy"))
+        ok, skipped, failed, busy = self.counts().values()
         print(
             f"{ok} ran, {skipped} skipped, {failed} failed"
             + (f", {busy} busy" if busy else "")
