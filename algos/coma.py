@@ -60,6 +60,11 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """entropy bonus weight in the actors' loss; the paper has none. It weighs against the advantages, on the rewards'
     scale: EPyMARL's COMA uses 0.001 on standardised rewards, but on Foraging-8x8-2p-2f-coop's raw ones (mean |A|
     about 0.002) 0.001 holds the policy uniform (results/epymarl_benchmark.md)"""
+    actor_adam_eps: float = 1e-8
+    """Adam's epsilon in the actors' optimizer (torch's default), the floor under its step's normalisation: at 1e-8
+    advantages of 1e-4 take steps as large as advantages of 1, so before the first reward the actors follow the
+    critic's noise (on rware-tiny-2ag they sharpen within 300k steps, before any delivery is learned:
+    results/epymarl_benchmark.md); at 1e-3 small advantages take small steps"""
     critic_last_actions: bool = False
     """also give the critic every agent's previous action (one-hot)"""
     rnn: bool = False
@@ -205,6 +210,15 @@ def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     return acting({group: coma}, args, device, greedy)
 
 
+def make_optimizers(comas, learners, args):
+    """Adam for each learning group's actors and for its critic: `<group>_actor`, `<group>_critic`."""
+    return {
+        f"{g}_{part}": torch.optim.Adam(getattr(comas[g], part).parameters(), lr=lr, eps=eps)
+        for g in learners
+        for part, lr, eps in (("actor", args.actor_lr, args.actor_adam_eps), ("critic", args.critic_lr, 1e-8))
+    }
+
+
 NETWORK_FLAGS = ("hidden_size", "critic_hidden_size", "rnn", "critic_last_actions")  # what the weights depend on
 
 
@@ -225,11 +239,7 @@ def main(args):
     learners = list(env.groups)  # the learning groups: make_env acts for the frozen ones
     state_dim = int(np.prod(env.state_shape))
     comas = {g: Coma(spec, state_dim, args).to(device) for g, spec in env.groups.items()}
-    optimizers = {
-        f"{g}_{part}": torch.optim.Adam(getattr(comas[g], part).parameters(), lr=lr)
-        for g in learners
-        for part, lr in (("actor", args.actor_lr), ("critic", args.critic_lr))
-    }
+    optimizers = make_optimizers(comas, learners, args)
 
     make_greedy = acting(comas, args, device)  # evaluation: the most probable action
     run = Run(

@@ -29,7 +29,7 @@ NON_NEGATIVE_INT = (
     "seq_len",
 )
 POSITIVE = ("learning_rate", "actor_lr", "critic_lr", "q_lr", "alpha_lr", "alpha", "max_grad_norm",
-            "checkpoint_minutes", "clip_coef", "tau", "gumbel_temperature")  # fmt: skip
+            "checkpoint_minutes", "clip_coef", "tau", "gumbel_temperature", "actor_adam_eps")  # fmt: skip
 NON_NEGATIVE = ("ent_coef", "vf_coef", "huber_delta", "exploration_noise", "policy_noise", "noise_clip",
                 "actor_reg", "target_policy_noise", "target_noise_clip")  # fmt: skip
 UNIT = ("gamma", "gae_lambda", "tau", "prioritized_replay_alpha", "prioritized_replay_beta", "start_e", "end_e",

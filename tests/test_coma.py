@@ -160,6 +160,35 @@ def test_the_entropy_bonus_alone_moves_the_actors_where_every_advantage_is_zero(
         assert all(moved) and second["entropy"] > first["entropy"] + 1e-3
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-5])
+def test_actor_adam_eps_makes_small_advantages_take_small_steps(coma, scale):
+    """Adam divides the step by the gradient's own size: at the default epsilon (1e-8) advantages 1e-5 times smaller
+    move the actors as far as full-size ones; with --actor-adam-eps 1e-3 they barely move them, where full-size
+    advantages still move them about as far as at the default."""
+    moves = {}
+    for eps in (1e-8, 1e-3):
+        torch.manual_seed(5)
+        args = coma["Args"](actor_adam_eps=eps, critic_lr=1e-12)  # the critic stays as it is
+        group = coma["Coma"](SPEC, 7, args)
+        with torch.no_grad():
+            group.critic.net[-1].weight.mul_(scale)  # Q and so the advantages scaled by `scale`
+            group.critic.net[-1].bias.mul_(scale)
+        rb, after = random_rollout(
+            coma, args, np.zeros((6, 4, 3), bool), np.zeros((6, 4), bool), np.random.default_rng(4)
+        )
+        opts = coma["make_optimizers"]({"unit": group}, ["unit"], args)
+        assert opts["unit_actor"].defaults["eps"] == eps and opts["unit_critic"].defaults["eps"] == 1e-8
+        before = torch.cat([p.detach().flatten().clone() for p in group.actor.parameters()])
+        coma["update"](group, opts["unit_actor"], opts["unit_critic"], rb, after, 0.01, args, "cpu")
+        after_step = torch.cat([p.detach().flatten() for p in group.actor.parameters()])
+        moves[eps] = (after_step - before).abs().max().item()
+    assert moves[1e-8] > 0.8 * 5e-4  # about lr x sign(gradient) on Adam's first step, whatever the scale
+    if scale == 1.0:
+        assert moves[1e-3] > 0.5 * moves[1e-8]
+    else:
+        assert moves[1e-3] < 0.01 * moves[1e-8]
+
+
 def test_policy_probs_keep_the_epsilon_floor_on_available_actions_only(coma):
     logits = torch.tensor([[[5.0, 0.0, 0.0, -3.0]]])
     avail = torch.tensor([[[True, False, True, True]]])
@@ -203,6 +232,7 @@ def test_masks_and_a_dying_unit_on_a_scripted_env(flags, tmp_path, capsys):
         (["--critic-updates", 0], "--critic-updates 0 must be a positive integer"),
         (["--td-lambda", 2], "--td-lambda 2.0 must lie in [0, 1]"),
         (["--ent-coef", -1], "--ent-coef -1.0 must be >= 0"),
+        (["--actor-adam-eps", 0], "--actor-adam-eps 0.0 must be > 0"),
     ],
 )
 def test_bad_input_fails_with_one_clear_error(flags, message, capsys):
