@@ -62,9 +62,10 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     about 0.002) 0.001 holds the policy uniform (results/epymarl_benchmark.md)"""
     actor_adam_eps: float = 1e-8
     """Adam's epsilon in the actors' optimizer (torch's default), the floor under its step's normalisation: at 1e-8
-    advantages of 1e-4 take steps as large as advantages of 1, so before the first reward the actors follow the
+    advantages of 1e-4 take steps as large as advantages of 1, so on a sparse reward the actors follow the
     critic's noise (on rware-tiny-2ag they sharpen within 300k steps, before any delivery is learned:
-    results/epymarl_benchmark.md); at 1e-3 small advantages take small steps"""
+    results/epymarl_benchmark.md); at 1e-3 small advantages take small steps (there the sharpening then waits 1-3M
+    steps, and still no delivery is learned by 3M)"""
     critic_last_actions: bool = False
     """also give the critic every agent's previous action (one-hot)"""
     rnn: bool = False
