@@ -792,8 +792,10 @@ class Sweep:
         else:
             self.tally(run, "failed", f"FAILED {run.name}: {record.get('error')}; log: {run.log}")
         key = (run.env_id, run.algo)
-        if not self.args.no_collect and key not in self.written and self.rows[key] <= self.outcomes.keys():
-            with self.lock:  # a row is published as soon as its seeds are done, not when the whole sweep is
+        if self.args.no_collect:
+            return
+        with self.lock:  # a row is published as soon as its seeds are done, not when the whole sweep is; once
+            if key not in self.written and self.rows[key] <= self.outcomes.keys():
                 self.collect_rows([key], self.bar.write)
 
     def execute(self) -> bool:
