@@ -13,6 +13,7 @@ from runtime import (
     MakePolicy,
     MultiAgentArgs,
     Run,
+    adam,
     check_args,
     check_discrete,
     check_finite,
@@ -212,9 +213,9 @@ def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
 
 
 def make_optimizers(comas, learners, args):
-    """Adam for each learning group's actors and for its critic: `<group>_actor`, `<group>_critic`."""
+    """runtime's (fused) Adam for each learning group's actors and its critic: `<group>_actor`, `<group>_critic`."""
     return {
-        f"{g}_{part}": torch.optim.Adam(getattr(comas[g], part).parameters(), lr=lr, eps=eps)
+        f"{g}_{part}": adam(getattr(comas[g], part).parameters(), lr, eps=eps)
         for g in learners
         for part, lr, eps in (("actor", args.actor_lr, args.actor_adam_eps), ("critic", args.critic_lr, 1e-8))
     }
