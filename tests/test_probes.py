@@ -379,3 +379,47 @@ def test_qtran_probe_plays_the_run_and_ascends_its_joint_value_to_a_local_maximu
     env.close()
     with pytest.raises(SystemExit, match="does not exist"):
         qtran_probe.load(str(tmp_path / "missing.pt"))
+
+
+def test_greedy_actions_counts_the_first_episode_of_each_env_and_only_live_agents():
+    import greedy_actions
+
+    from envs.api import Observation
+
+    counts = {"agent": np.zeros(3, np.int64)}
+    make = greedy_actions.counting(lambda n, rng: lambda obs, done: {"agent": np.full((n, 2), 2)}, counts)
+    act = make(2, None)
+    mask = np.array([[True, True], [True, False]])  # env 1's second agent is dead
+    obs = Observation(obs={"agent": np.zeros((2, 2, 1))}, state=np.zeros((2, 1)), agent_mask={"agent": mask},
+                      avail_actions={})  # fmt: skip
+    act(obs, None)  # 3 live agents act
+    act(obs, np.array([True, False]))  # env 0 has finished its first episode: only env 1's live agent counts
+    act(obs, np.array([False, False]))
+    assert counts["agent"].tolist() == [0, 0, 5]
+
+
+def test_greedy_actions_plays_a_checkpoint_on_the_final_episodes_and_names_the_actions(tmp_path, capsys):
+    """An iql checkpoint of Level-Based Foraging played on the first final episodes: its return is the run's own
+    final-policy number on those episodes, the shares are the package's actions and sum to 1; a path that is not a
+    checkpoint, or a checkpoint with continuous actions, is refused in one line."""
+    import greedy_actions
+
+    script_runs.run_inline(capsys, "iql", "--env-id", "Foraging-8x8-2p-2f-coop", "--num-envs", "2", "--total-timesteps",
+                           400, "--learning-starts", 200, "--batch-size", 4, "--eval-interval", 0,
+                           "--final-eval-episodes", 20, "--run-dir", tmp_path / "iql")  # fmt: skip
+    greedy_actions.main([str(tmp_path / "iql" / "last.pt"), "--episodes", "20", "--out", str(tmp_path / "rows.json")])
+    (row,) = json.loads((tmp_path / "rows.json").read_text())
+    final = json.loads((tmp_path / "iql" / "final_eval.json").read_text())["returns"]
+    assert row["algo"] == "iql" and row["env_id"] == "Foraging-8x8-2p-2f-coop" and row["episodes"] == 20
+    assert row["return"] == pytest.approx(float(np.mean(final[:20])), abs=1e-6)
+    assert row["team"] == pytest.approx(2 * row["return"])
+    shares = row["actions"]["agent"]
+    assert list(shares) == ["none", "north", "south", "west", "east", "load"]
+    assert sum(shares.values()) == pytest.approx(1, abs=0.01)
+    with pytest.raises(SystemExit, match="does not exist"):
+        greedy_actions.main([str(tmp_path / "missing.pt")])
+    script_runs.run_inline(capsys, "maddpg", "--env-id", "simple_spread_v3", "--num-envs", "2", "--total-timesteps",
+                           200, "--learning-starts", 100, "--eval-interval", 0, "--final-eval-episodes", 2,
+                           "--run-dir", tmp_path / "maddpg")  # fmt: skip
+    with pytest.raises(SystemExit, match="continuous actions"):
+        greedy_actions.main([str(tmp_path / "maddpg" / "last.pt"), "--episodes", "2"])

@@ -146,6 +146,7 @@ PROBES = {
     "spread_encoder.py",
     "spread_study.py",
     "qtran_probe.py",
+    "greedy_actions.py",
 }
 
 
