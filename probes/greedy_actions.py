@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -29,10 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs  # noqa: E402
 from envs.registry import REGISTRY  # noqa: E402
-from runtime.args import env_kwargs  # noqa: E402
+from runtime.args import checkpoint_args, env_kwargs  # noqa: E402
 from runtime.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from runtime.evaluation import FINAL_SEED, evaluate  # noqa: E402
-from runtime.opponents import load_team  # noqa: E402
+from runtime.opponents import load_team, script_module  # noqa: E402
 
 ACTION_NAMES = {  # the packages' Action enums (lbforaging.foraging.environment, rware.warehouse)
     "lbf": ("none", "north", "south", "west", "east", "load"),
@@ -66,8 +65,7 @@ def probe(path: str, episodes: int, backend: str) -> dict:
     ckpt = read_checkpoint(path)
     if not {"algo", "env_id", "args"} <= set(ckpt):
         raise CheckpointError(f"checkpoint {path} is not a checkpoint of these scripts (it lacks algo, env_id or args)")
-    env_id, flags = ckpt["env_id"], SimpleNamespace(**{"env_kwargs": "{}", "max_cycles": None, "map_size": None,
-                                                         "continuous_actions": False} | ckpt["args"])  # fmt: skip
+    env_id, flags = ckpt["env_id"], checkpoint_args(script_module(ckpt["algo"]).Args, ckpt["args"])  # the run's flags
     if flags.continuous_actions:
         raise CheckpointError(f"{path} acts with continuous actions; the probe counts discrete ones")
 
