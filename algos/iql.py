@@ -13,6 +13,7 @@ from runtime import (
     MakePolicy,
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_discrete,
     check_finite,
@@ -25,6 +26,7 @@ from runtime import (
     reset_finished,
     setup,
     soft_update,
+    standardised_rewards,
     sub_state,
 )
 
@@ -54,6 +56,10 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """lambda of the TD(lambda) targets (0: one-step targets)"""
     n_step: int = 1
     """n-step targets in place of TD(lambda) (needs --td-lambda 0)"""
+    standardise_rewards: bool = False
+    """replay each group's rewards as (r - mean) / std of every stored reward replayed so far (EPyMARL's
+    standardise_rewards); off by default, as on MPE's dense rewards; on Foraging-8x8-2p-2f-coop's sparse ones it
+    is what lets qmix.py learn in 2M steps (results/epymarl_benchmark.md)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
     target_network_frequency: int = 20_000
@@ -129,6 +135,8 @@ class IQL(nn.Module):
     def __init__(self, specs, args):
         super().__init__()
         self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
+        if args.standardise_rewards:  # the running statistics of each group's replayed rewards, checkpointed
+            self.reward_norms = nn.ModuleDict({g: RunningNorm() for g in specs})
 
 
 @torch.no_grad()
@@ -173,7 +181,7 @@ def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params")  # what the weights depend on
+NETWORK_FLAGS = ("hidden_size", "share_params", "standardise_rewards")  # what the weights (and statistics) depend on
 
 
 def main(args):
@@ -268,6 +276,9 @@ def td_targets(rewards, terminated, cut, next_values, args):
 def update(iql, target, optimizer, rb, args, device, rng, beta):
     """One gradient step on replayed episodes: each agent's Double-Q TD(lambda) target, squared error over its steps."""
     batch = rb.sample(args.batch_size, rng, beta, args.seq_len, args.burn_in)  # (L + 1, B, ...) from a zero state
+    for g, norm in iql.reward_norms.items() if args.standardise_rewards else ():  # --standardise-rewards
+        stored = batch["loss_mask"][..., None] & batch[f"agent_mask_{g}"]
+        batch[f"rewards_{g}"] = standardised_rewards(norm, batch[f"rewards_{g}"], stored)
     mb = to_torch(batch, device)
     cut = ~batch["loss_mask"][1:]  # the recursion stops where the next step has no target: an episode's or window's end
     sq_err, err, count, q_sum = 0.0, 0.0, 0.0, 0.0

@@ -14,6 +14,7 @@ from runtime import (
     MakePolicy,
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_discrete,
     check_finite,
@@ -26,6 +27,7 @@ from runtime import (
     reset_finished,
     setup,
     soft_update,
+    standardised_rewards,
     sub_state,
 )
 
@@ -55,6 +57,10 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """lambda of the TD(lambda) targets (0: one-step targets)"""
     n_step: int = 1
     """n-step targets in place of TD(lambda) (needs --td-lambda 0)"""
+    standardise_rewards: bool = False
+    """replay the team rewards as (r - mean) / std of every stored reward replayed so far (EPyMARL's
+    standardise_rewards); off by default, as on MPE's dense rewards; on Foraging-8x8-2p-2f-coop's sparse ones it
+    is what lets qmix.py learn in 2M steps (results/epymarl_benchmark.md)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
     target_network_frequency: int = 20_000
@@ -153,6 +159,8 @@ class QMIX(nn.Module):
         super().__init__()
         self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
         self.mixer = Mixer(sum(spec.n_agents for spec in specs.values()), state_dim, args)
+        if args.standardise_rewards:  # the running statistics of the replayed team rewards, checkpointed
+            self.reward_norm = RunningNorm()
 
 
 @torch.no_grad()
@@ -188,7 +196,13 @@ def acting(agents, specs, args, device, epsilon) -> MakePolicy:
     return make
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "hypernet_embed")  # what the weights depend on
+NETWORK_FLAGS = (
+    "hidden_size",
+    "share_params",
+    "mixing_embed_dim",
+    "hypernet_embed",
+    "standardise_rewards",
+)  # what the weights (and statistics) depend on
 
 
 def main(args):
@@ -286,6 +300,8 @@ def td_targets(batch, next_values, args):
 def update(qmix, target, optimizer, rb, args, device, rng, beta):
     """One gradient step on replayed episodes: Double-Q TD(lambda) targets of Q_tot, squared error over the steps."""
     batch = rb.sample(args.batch_size, rng, beta, args.seq_len, args.burn_in)  # (L + 1, B, ...) from a zero state
+    if args.standardise_rewards:
+        batch["reward"] = standardised_rewards(qmix.reward_norm, batch["reward"], batch["loss_mask"])
     mb = to_torch(batch, device)
     mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
     chosen, next_q = [], []

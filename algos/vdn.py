@@ -13,6 +13,7 @@ from runtime import (
     MakePolicy,
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_discrete,
     check_finite,
@@ -25,6 +26,7 @@ from runtime import (
     reset_finished,
     setup,
     soft_update,
+    standardised_rewards,
     sub_state,
 )
 
@@ -54,6 +56,10 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """lambda of the TD(lambda) targets (0: one-step targets)"""
     n_step: int = 1
     """n-step targets in place of TD(lambda) (needs --td-lambda 0)"""
+    standardise_rewards: bool = False
+    """replay the team rewards as (r - mean) / std of every stored reward replayed so far (EPyMARL's
+    standardise_rewards); off by default, as on MPE's dense rewards; on Foraging-8x8-2p-2f-coop's sparse ones it
+    is what lets qmix.py learn in 2M steps (results/epymarl_benchmark.md)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
     target_network_frequency: int = 20_000
@@ -129,6 +135,8 @@ class VDN(nn.Module):
     def __init__(self, specs, args):
         super().__init__()
         self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
+        if args.standardise_rewards:  # the running statistics of the replayed team rewards, checkpointed
+            self.reward_norm = RunningNorm()
 
     @staticmethod
     def mixer(qs):  # qs (T, B, N) chosen utilities -> Q_tot (T, B)
@@ -177,7 +185,7 @@ def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params")  # what the weights depend on
+NETWORK_FLAGS = ("hidden_size", "share_params", "standardise_rewards")  # what the weights (and statistics) depend on
 
 
 def main(args):
@@ -274,6 +282,8 @@ def td_targets(batch, next_values, args):
 def update(vdn, target, optimizer, rb, args, device, rng, beta):
     """One gradient step on replayed episodes: Double-Q TD(lambda) targets of the summed Q_tot, squared error."""
     batch = rb.sample(args.batch_size, rng, beta, args.seq_len, args.burn_in)  # (L + 1, B, ...) from a zero state
+    if args.standardise_rewards:
+        batch["reward"] = standardised_rewards(vdn.reward_norm, batch["reward"], batch["loss_mask"])
     mb = to_torch(batch, device)
     mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
     chosen, next_q = [], []

@@ -140,7 +140,7 @@ from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate, periodic_se
 from runtime.gru import gru_sequence, reset_finished
 from runtime.layers import GroupLinear, per_agent
 from runtime.mlp import fast_acting, mlp_forward
-from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm
+from runtime.norm import INPUT_CLIP, InputNorm, RunningNorm, feature_norm, standardised_rewards
 from runtime.opponents import Act, CheckpointActor, MakePolicy
 from runtime.optim import adam, check_finite, clip_grad_norm, optimize, soft_update
 from runtime.run import Run
@@ -164,6 +164,7 @@ __all__ = [
     "RunArgs",
     "RunStopped",
     "RunningNorm",
+    "standardised_rewards",
     "check_action_flags",
     "check_finite",
     "clip_grad_norm",

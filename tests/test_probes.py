@@ -423,3 +423,56 @@ def test_greedy_actions_plays_a_checkpoint_on_the_final_episodes_and_names_the_a
                            "--run-dir", tmp_path / "maddpg")  # fmt: skip
     with pytest.raises(SystemExit, match="continuous actions"):
         greedy_actions.main([str(tmp_path / "maddpg" / "last.pt"), "--episodes", "2"])
+
+
+def test_qmix_epymarl_gap_centres_or_scales_the_targets_rewards_and_drops_the_memory(tmp_path, monkeypatch):
+    """The probe's switches: the targets are qmix.py's own on the rewards only centred or only scaled by the running
+    statistics of every stored step sampled, the feed-forward agent's Q at a step reads that step alone, and the script
+    runs qmix.py with them (qmix.py's own flags passed on), says what it switched on in probe.json, and refuses to run
+    without a --run-dir or with both halves (that is qmix.py's --standardise-rewards)."""
+    import qmix_epymarl_gap as gap
+    import torch
+
+    qmix = gap.qmix  # algos/qmix.py, as the probe imports it
+    T, B = 5, 3
+    mask = np.ones((T + 1, B), bool)
+    mask[3:, 2] = False  # episode 2 ends after 3 steps: its padding does not count
+    batch = {"reward": np.zeros((T + 1, B), np.float32), "terminated": np.zeros((T + 1, B), bool), "loss_mask": mask}
+    batch["reward"][1, 0], batch["reward"][2, 2], batch["reward"][4, 2] = 0.5, 0.25, 9.0  # 9.0: padding
+    args = type("A", (), {"gamma": 0.99, "td_lambda": 0.0, "n_step": 1})()
+    counted = batch["reward"][mask]
+    for centre, scale, expected in [(True, False, batch["reward"] - counted.mean()),
+                                    (False, True, batch["reward"] / counted.std())]:  # fmt: skip
+        monkeypatch.setattr(gap, "REWARDS", gap.RunningNorm())
+        monkeypatch.setattr(gap, "CENTRE", centre)
+        monkeypatch.setattr(gap, "SCALE", scale)
+        got = gap.half_standardised_td_targets(batch, torch.zeros(T, B), args)  # one step on zero values: r itself
+        np.testing.assert_allclose(got, expected[:-1], rtol=1e-2)
+        assert gap.REWARDS.count.item() == pytest.approx(mask.sum(), abs=1e-3)
+
+    net = gap.FeedForwardQ(4, 3, 8)
+    x = torch.randn(6, 2, 4)
+    q, h = net(x)
+    assert q.shape == (6, 2, 3) and torch.equal(h, torch.zeros(1, 2, 8))
+    y = x.clone()
+    y[:3] = torch.randn(3, 2, 4)  # other earlier steps: the same Q from step 3 on
+    assert torch.equal(net(y)[0][3:], q[3:]) and not torch.equal(net(y)[0][:3], q[:3])
+
+    monkeypatch.setattr(qmix, "td_targets", qmix.td_targets)  # the probe patches both: restored after the test
+    monkeypatch.setattr(qmix, "RecurrentQ", qmix.RecurrentQ)
+    script = Path(__file__).resolve().parents[1] / "probes" / "qmix_epymarl_gap.py"
+    tiny = ["--env-id", "Foraging-8x8-2p-2f-coop", "--total-timesteps", "600", "--num-envs", "4", "--learning-starts",
+            "200", "--batch-size", "2", "--eval-interval", "0", "--final-eval-episodes", "2"]  # fmt: skip
+    script_runs.run_captured(script, "--feed-forward", "--standardise-rewards", *tiny, "--run-dir", tmp_path / "both")
+    assert json.loads((tmp_path / "both" / "config.json").read_text())["standardise_rewards"] is True  # qmix.py's flag
+    # (that run first: the runs share this process, and one with a half leaves qmix.td_targets patched)
+    script_runs.run_captured(script, "--feed-forward", "--scale-rewards", *tiny, "--run-dir", tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "final_eval.json").read_text())["episodes"] == 2
+    probe = json.loads((tmp_path / "run" / "probe.json").read_text())
+    assert probe == {"--centre-rewards": False, "--scale-rewards": True, "--feed-forward": True}
+    assert (qmix.RecurrentQ.__name__, qmix.td_targets.__name__) == ("FeedForwardQ", "half_standardised_td_targets")
+    refused = script_runs.run_captured(script, *tiny, check=False)
+    assert refused.returncode != 0 and "--run-dir" in refused.stderr
+    for flags in (["--centre-rewards", "--scale-rewards"], ["--centre-rewards", "--standardise-rewards"]):
+        both = script_runs.run_captured(script, *flags, *tiny, "--run-dir", tmp_path / "no", check=False)
+        assert both.returncode != 0 and "give one of" in both.stderr

@@ -147,6 +147,7 @@ PROBES = {
     "spread_study.py",
     "qtran_probe.py",
     "greedy_actions.py",
+    "qmix_epymarl_gap.py",
 }
 
 

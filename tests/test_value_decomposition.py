@@ -155,11 +155,14 @@ def test_padding_never_reaches_the_loss(algo, flags):
     assert clean[0]["td_loss"] > 0
 
 
-@pytest.mark.parametrize("algo", ["iql", "qmix"])
-def test_one_step_targets_take_the_best_available_next_action(algo):
+@pytest.mark.parametrize(
+    "algo, standardise", [("iql", False), ("qmix", False), *((a, True) for a in ("iql", "vdn", "qmix"))]
+)
+def test_one_step_targets_take_the_best_available_next_action(algo, standardise):
     """With --td-lambda 0 the loss equals the textbook one: y = r + gamma * (1 - terminated) * Q'(s', argmax over the
-    available actions of Q(s', .)), with an unavailable action made the most valuable so that ignoring masks shows."""
-    s, net, target, opt, args = learner(algo, td_lambda=0.0)
+    available actions of Q(s', .)), with an unavailable action made the most valuable so that ignoring masks shows.
+    With --standardise-rewards, r is (r - mean) / std over the batch's stored rewards (not padding, not the dead)."""
+    s, net, target, opt, args = learner(algo, td_lambda=0.0, standardise_rewards=standardise)
     with torch.no_grad():  # action 1 of every unit: the largest utility, and masked out below in most steps
         for m in (net, target):
             for agent in m.agents["unit"].nets:
@@ -178,11 +181,16 @@ def test_one_step_targets_take_the_best_available_next_action(algo):
             masked = q.masked_fill(~b[f"avail_{g}"], -torch.inf) if f"avail_{g}" in b else q
             best[g] = q[1:].gather(-1, masked[1:].argmax(-1, keepdim=True)).squeeze(-1)  # online == target here
             assert best[g][mask.bool()].max() < 50  # the masked-out action is never the max
+
+        def rewards(r, stored):  # the targets' rewards: raw, or standardised over the stored ones
+            return (r - r[stored].mean()) / r[stored].std(unbiased=False) if standardise else r
+
         if algo == "iql":
             sq, n = 0.0, 0.0
             for g in SPECS:
                 alive = b[f"agent_mask_{g}"].float()
-                y = b[f"rewards_{g}"][:-1] + args.gamma * (~b[f"terminated_{g}"][:-1]).float() * best[g]
+                r = rewards(b[f"rewards_{g}"], b["loss_mask"][..., None] & b[f"agent_mask_{g}"])
+                y = r[:-1] + args.gamma * (~b[f"terminated_{g}"][:-1]).float() * best[g]
                 m = mask[..., None] * alive[:-1]
                 sq, n = sq + (m * (chosen[g] - y) ** 2).sum(), n + m.sum()
             expected = sq / n
@@ -190,10 +198,17 @@ def test_one_step_targets_take_the_best_available_next_action(algo):
             alive = {g: b[f"agent_mask_{g}"].float() for g in SPECS}
             qs = torch.cat([chosen[g] * alive[g][:-1] for g in SPECS], -1)
             nxt = torch.cat([best[g] * alive[g][1:] for g in SPECS], -1)
-            q_tot = net.mixer(qs, b["state"][:-1])
-            y = b["reward"][:-1] + args.gamma * (~b["terminated"][:-1]).float() * target.mixer(nxt, b["state"][1:])
+            q_tot = net.mixer(qs, b["state"][:-1]) if algo == "qmix" else qs.sum(-1)
+            next_q_tot = target.mixer(nxt, b["state"][1:]) if algo == "qmix" else nxt.sum(-1)
+            y = rewards(b["reward"], b["loss_mask"])[:-1] + args.gamma * (~b["terminated"][:-1]).float() * next_q_tot
             expected = (mask * (q_tot - y) ** 2).sum() / mask.sum()
-    assert out["td_loss"] == pytest.approx(expected.item(), rel=1e-5)
+    assert out["td_loss"] == pytest.approx(expected.item(), rel=1e-4 if standardise else 1e-5)
+    if standardise:  # the statistics took the batch's stored rewards, once each
+        norms = net.reward_norms.values() if algo == "iql" else [net.reward_norm]
+        stored = (
+            [b["loss_mask"][..., None] & b[f"agent_mask_{g}"] for g in SPECS] if algo == "iql" else [b["loss_mask"]]
+        )
+        assert [round(norm.count.item()) for norm in norms] == [int(m.sum()) for m in stored]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -234,6 +249,28 @@ def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions
     reloaded = float(re.search(r"episodic return (-?[\d.]+)", stdout).group(1))
     final = json.loads((tmp_path / "final_eval.json").read_text())["returns"][:2]
     assert reloaded == pytest.approx(float(np.mean(final)), abs=0.01)
+
+
+@pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
+def test_standardised_rewards_statistics_are_checkpointed_and_a_contrary_flag_is_refused(algo, tmp_path, capsys):
+    """--standardise-rewards: the run's last.pt holds the statistics of the rewards it replayed (every stored one
+    counted, so more than the batch of the first update); --eval-checkpoint takes the flag from the checkpoint and
+    replays the final evaluation; --no-standardise-rewards is refused with the flag named (the networks hold
+    statistics a plain run has not)."""
+    run_inline(
+        capsys, algo, "--standardise-rewards", "--total-timesteps", 200, "--eval-interval", 0, "--run-dir", tmp_path
+    )
+    nets = torch.load(tmp_path / "last.pt", weights_only=True)["nets"][algo]
+    counts = [v.item() for k, v in nets.items() if k.startswith("reward_norm") and k.endswith("count")]
+    assert counts and all(c > 4 for c in counts)  # at least one batch of 4 episodes of stored steps
+    assert all(torch.isfinite(v).all() and v.item() > 0 for k, v in nets.items() if k.endswith("var"))
+    _, stdout, _ = run_inline(capsys, algo, "--eval-checkpoint", tmp_path / "last.pt")
+    final = json.loads((tmp_path / "final_eval.json").read_text())["returns"][:2]
+    assert float(re.search(r"episodic return (-?[\d.]+)", stdout).group(1)) == pytest.approx(np.mean(final), abs=0.01)
+    code, _, stderr = run_inline(
+        capsys, algo, "--no-standardise-rewards", "--eval-checkpoint", tmp_path / "last.pt", check=False
+    )
+    assert code != 0 and "--standardise-rewards True (checkpoint) vs False (now)" in stderr
 
 
 @pytest.mark.parametrize("algo", [*ALGOS, "qtran", "dcg"])
