@@ -391,9 +391,21 @@ def team_finals(result: dict, size: int) -> np.ndarray:
 def epymarl_metrics(result: dict) -> tuple[float, float, int] | None:
     """EPyMARL's two figures of a row from its seeds' periodic evaluations: (maximum returns: the highest mean over
     seeds of one evaluation; average returns: the mean over every evaluation of every seed; evaluations a seed).
-    None when a seed lacks its evaluations or the seeds evaluated at different steps."""
+
+    Our scripts evaluate every seed at the same steps. EPyMARL (the `-epymarl` rows) tests at the first episode end
+    past each interval, so its steps drift by up to an episode a seed, and a resumed seed tests once more where it
+    resumed: each seed's evaluations are then taken on the grid of the row's --eval-interval (the last one nearest
+    each multiple). None when a seed lacks its evaluations or the seeds' grids differ."""
     evaluations = [p.get("evaluations") for p in result["per_seed"]]
-    if not all(evaluations) or len({tuple(e["steps"]) for e in evaluations}) != 1:
+    if not all(evaluations):
+        return None
+    grid = (result.get("config") or {}).get("eval_interval")
+    if len({tuple(e["steps"]) for e in evaluations}) != 1 and grid:
+        evaluations = [{round(s / grid): r for s, r in zip(e["steps"], e["returns"], strict=True)} for e in evaluations]
+        if len({tuple(e) for e in evaluations}) != 1:
+            return None
+        evaluations = [{"returns": list(e.values())} for e in evaluations]
+    elif len({tuple(e["steps"]) for e in evaluations}) != 1:
         return None
     returns = np.array([e["returns"] for e in evaluations])  # (seeds, evaluations)
     return float(returns.mean(0).max()), float(returns.mean()), returns.shape[1]

@@ -939,6 +939,14 @@ def test_an_epymarl_benchmark_task_gets_the_benchmarks_team_totals_and_its_maxim
     shifted["per_seed"][1]["evaluations"]["steps"] = [50, 100]
     assert make_readme.epymarl_metrics(shifted) is None
     assert "at different steps" in make_readme.benchmark_table("rware-tiny-2ag", {"vdn": shifted})[-2]
+    # EPyMARL's tests drift by an episode, and a resumed seed tests once more where it resumed: on the grid, the last
+    # one nearest each multiple of the interval counts
+    drift = row([[0.1, 0.3, 0.2], [0.2, 0.9, 0.4, 0.3]], [0.25, 0.35])
+    drift["per_seed"][0]["evaluations"]["steps"] = [50, 96, 152]
+    drift["per_seed"][1]["evaluations"]["steps"] = [50, 100, 104, 154]  # 104: the resumed seed's extra test
+    assert make_readme.epymarl_metrics(drift) == pytest.approx((0.35, 0.25, 3))
+    drift["per_seed"][1]["evaluations"]["steps"] = [50, 100, 104, 204]  # a test missing at 150: no common grid
+    assert make_readme.epymarl_metrics(drift) is None
     del qmix["per_seed"][0]["evaluations"]  # collected before the evaluations were kept
     assert make_readme.epymarl_metrics(qmix) is None
 
