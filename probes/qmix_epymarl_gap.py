@@ -7,7 +7,7 @@ qmix.py's --standardise-rewards (the team rewards replayed as (r - mean) / std o
 * `--centre-rewards` and `--scale-rewards`: the standardisation's two halves apart, r - mean and r / std. On a sparse
   task the mean is a small positive number, so centring makes every step without food cost a little (a step penalty
   that makes the untried actions, still valued near 0, look better: an exploration drive), and scaling makes a
-  collection worth tens of units where the raw reward is 0.25-0.5: which of the two carries it?
+  collection (about 0.25 of team reward) worth several units: which of the two carries it?
 * `--feed-forward` (EPyMARL's `use_rnn: False`, its rnn_agent.py): the agent's GRU replaced by a Linear-ReLU layer of
   the same width, so Q reads the current observation only (Linear-ReLU, Linear-ReLU, Linear).
 

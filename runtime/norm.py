@@ -41,8 +41,9 @@ def standardised_rewards(norm: RunningNorm, rewards: np.ndarray, stored: np.ndar
     of iql.py, vdn.py and qmix.py; EPyMARL's `standardise_rewards`): the batch's own stored steps (`stored`, a mask of
     `rewards`' shape: not padding, not a dead agent's) update `norm` first. The same shape and dtype as `rewards`.
 
-    On a sparse task this scales a collection to tens of standard deviations (on Foraging-8x8-2p-2f-coop the scale,
-    not the centring, is what lets qmix.py learn: results/epymarl_benchmark.md).
+    On a sparse task this makes a rare reward worth several units (on Foraging-8x8-2p-2f-coop a food, about 0.25 of
+    team reward, is 5-7 standard deviations; with it the three scripts solve the task, and for qmix.py the scale alone,
+    not the centring, does it: results/Foraging-8x8-2p-2f-coop/reward_scale.md).
     """
     norm.update(torch.as_tensor(rewards[stored]))
     return ((rewards - norm.mean.item()) / torch.sqrt(norm.var + 1e-8).item()).astype(rewards.dtype)
