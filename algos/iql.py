@@ -59,7 +59,8 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     standardise_rewards: bool = False
     """replay each group's rewards as (r - mean) / std of every stored reward replayed so far (EPyMARL's
     standardise_rewards); off by default, as on MPE's dense rewards; on Foraging-8x8-2p-2f-coop's sparse ones it
-    is what lets iql.py, vdn.py and qmix.py solve it in 2M steps (results/Foraging-8x8-2p-2f-coop/reward_scale.md)"""
+    is what lets iql.py, vdn.py and qmix.py solve it in 2M steps (results/Foraging-8x8-2p-2f-coop/reward_scale.md;
+    wqmix.py has it too, unmeasured)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
     target_network_frequency: int = 20_000
