@@ -67,9 +67,7 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """n-step targets in place of TD(lambda) (needs --td-lambda 0)"""
     standardise_rewards: bool = False
     """replay the team rewards as (r - mean) / std of every stored reward replayed so far (EPyMARL's
-    standardise_rewards); off by default, as on MPE's dense rewards; on Foraging-8x8-2p-2f-coop's sparse ones it
-    is what lets iql.py, vdn.py and qmix.py solve it in 2M steps (results/Foraging-8x8-2p-2f-coop/reward_scale.md;
-    wqmix.py has it too, unmeasured)"""
+    standardise_rewards); off by default (unmeasured here: results/Foraging-8x8-2p-2f-coop/reward_scale.md)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
     target_network_frequency: int = 20_000
@@ -225,23 +223,8 @@ def acting(agents, specs, args, device, epsilon) -> MakePolicy:
     return make
 
 
-def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
-    """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
-    results/tournament.py (runtime.opponents)."""
-    args = checkpoint_args(Args, ckpt["args"])
-    agents = GroupQ(spec, args).to(device)
-    agents.load_state_dict(sub_state(ckpt["nets"]["wqmix"], f"agents.{group}."))
-    return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
-
-
-NETWORK_FLAGS = (
-    "hidden_size",
-    "share_params",
-    "mixing_embed_dim",
-    "hypernet_embed",
-    "central_mixing_embed_dim",
-    "standardise_rewards",
-)  # what the weights (and statistics) depend on
+NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "hypernet_embed", "central_mixing_embed_dim")
+NETWORK_FLAGS += ("standardise_rewards",)  # what the weights (and the reward statistics) depend on
 
 
 def main(args):
@@ -396,6 +379,15 @@ def update(wqmix, target, optimizer, rb, args, device, rng, beta):
         q_values=((q_tot * mask).sum() / n).item(),
         weight=((w * mask).sum() / n).item(),
     )
+
+
+def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
+    """Group `group` of a checkpoint as an actor (epsilon 0, or --end-e if not greedy): --opponent, --self-play,
+    results/tournament.py (runtime.opponents)."""
+    args = checkpoint_args(Args, ckpt["args"])
+    agents = GroupQ(spec, args).to(device)
+    agents.load_state_dict(sub_state(ckpt["nets"]["wqmix"], f"agents.{group}."))
+    return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
 
 
 if __name__ == "__main__":
