@@ -707,16 +707,20 @@ def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_and_learns_as_
     import torch
 
     run_dir = tmp_path / "runs" / "simple_spread_v3" / "mfq" / "seed0"
-    flags = REAL_FLAGS + " --eval-interval 0 --log-interval 40"
+    flags = REAL_FLAGS + " --eval-interval 1000 --log-interval 40"  # last.pt at each evaluation: a step to stop at
     cmd = _real_sweep(tmp_path, 0, flags)
     never_stopped = subprocess.Popen(_real_sweep(tmp_path / "ref", 0, flags), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)  # fmt: skip
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for(lambda: (sweep_runner.reached_step(run_dir) or 0) >= 1200, "the run to pass step 1200", timeout=180)
-    first.terminate()
+    _wait_for(lambda: _script_pid(run_dir) or first.poll() is not None, "the script to start", timeout=180)
+    pid = _script_pid(run_dir)
+    assert _held_when(pid, first, lambda: (sweep_runner.checkpoint_step(run_dir) or 0) >= 1000), "it ended first"
+    first.terminate()  # the sweep passes SIGTERM on to the script, which stands still until it has it
+    _wait_for(lambda: _pending(pid, signal.SIGTERM), "the sweep to pass SIGTERM on")
+    os.kill(pid, signal.SIGCONT)
     assert first.wait(timeout=120) == 130
     step = sweep_runner.checkpoint_step(run_dir)
-    assert 1200 <= step < 3000 and (run_dir / "replay.npz").exists()
+    assert 1000 <= step < 2000 and (run_dir / "replay.npz").exists()
     ckpt = torch.load(run_dir / "last.pt", weights_only=True)
     assert ckpt["replay_step"] == step  # the buffer beside it is this stop's
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -743,11 +747,43 @@ def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_and_learns_as_
     assert finals[0] == finals[1]
 
 
+def _script_pid(run_dir: Path) -> int | None:
+    """The pid of the script running in ``run_dir`` (its ``.lock`` names it), None before it starts."""
+    try:
+        text = (run_dir / ".lock").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _pending(pid: int, sig: int) -> bool:
+    """Whether ``sig`` waits to be delivered to the (stopped) process ``pid``: its /proc status's pending masks."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    masks = re.findall(r"^(?:SigPnd|ShdPnd):\s*([0-9a-f]+)$", status, flags=re.M)
+    return any(int(mask, 16) >> (sig - 1) & 1 for mask in masks)
+
+
+def _held_when(pid: int | None, sweep: subprocess.Popen, predicate) -> bool:
+    """Let the script ``pid`` run in 20 ms slices between SIGSTOPs until ``predicate()`` holds while it stands still:
+    True with the script left stopped, False when the sweep or the script ended first. However fast or loaded the
+    machine, what is done next lands at the state the predicate saw (racing the script instead missed on the
+    project's CI machine: five kill -9 tries in a row; a SIGTERM meant for step 1200 landed past 2,900)."""
+    try:
+        while pid and sweep.poll() is None:
+            os.kill(pid, signal.SIGSTOP)
+            if predicate():
+                return True
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.02)
+    except ProcessLookupError:  # the script ended between two looks
+        pass
+    return False
+
+
 def _kill_9_at_a_gap(root: Path) -> tuple[list, Path, int, int] | None:
     """A real sweep killed with kill -9 once its log is 300 steps past its last.pt: (cmd, run dir, last.pt's step,
-    logged step), or None when the run ended first. Past its first last.pt the script runs in 20 ms slices between
-    SIGSTOPs and the gap is looked for while it stands still, so that however fast or loaded the machine, the kill
-    lands inside a gap (it raced the script before: five tries in a row missed on the project's CI machine)."""
+    logged step), or None when the run ended first. Past its first last.pt the gap is looked for while the script
+    stands still (``_held_when``), so that the kill lands inside a gap."""
     run_dir = root / "runs" / "simple_spread_v3" / "mfq" / "seed1"
     cmd = _real_sweep(root, 1, REAL_FLAGS + " --eval-interval 1000")  # last.pt each eval
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -758,24 +794,12 @@ def _kill_9_at_a_gap(root: Path) -> tuple[list, Path, int, int] | None:
     def gap() -> bool:
         return saved() >= 1000 and (sweep_runner.reached_step(run_dir) or 0) >= saved() + 300
 
-    def script() -> str:
-        try:
-            return (run_dir / ".lock").read_text().strip()
-        except OSError:
-            return ""
-
     try:
-        _wait_for(lambda: (script().isdigit() and saved() >= 1000) or first.poll() is not None, "a last.pt", 300)
-        pid = int(script() or 0)
-        while first.poll() is None:
-            os.kill(pid, signal.SIGSTOP)
-            if gap():
-                os.kill(pid, signal.SIGKILL)
-                break
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(0.02)
-        else:
+        _wait_for(lambda: (_script_pid(run_dir) and saved() >= 1000) or first.poll() is not None, "a last.pt", 300)
+        pid = _script_pid(run_dir)
+        if not _held_when(pid, first, gap):
             return None
+        os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:  # the script ended between two looks
         return None
     finally:  # leave no sweep running behind the test
