@@ -124,6 +124,20 @@ def config_drift(result: dict) -> str | None:
     return f"{', '.join(changed)}" + (f"; options added since: {', '.join(added)}" if added else "")
 
 
+def same_command(command: str) -> tuple:
+    """A command with its options in a canonical order: two launches that differ only in the order of their flags
+    are the same command (``--a 1 --b 2`` and ``--b 2 --a 1``)."""
+    head, options = [], []
+    for token in shlex.split(command):
+        if token.startswith("--"):
+            options.append([token])
+        elif options:
+            options[-1].append(token)
+        else:
+            head.append(token)
+    return tuple(head), tuple(sorted(map(tuple, options)))
+
+
 def fmt(x: float | None, digits: int = 2) -> str:
     """A number for a table cell; an em dash for a missing one."""
     return "—" if x is None else f"{x:.{digits}f}"
@@ -778,9 +792,11 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
             hardware or "—",
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    commands: list[str] = []
+    commands: dict[tuple, str] = {}  # one line per command, whatever the order its flags were given in
     for result in results:
-        commands += [c for c in result["sweep_commands"] or result["commands"][:1] if c not in commands]
+        for command in result["sweep_commands"] or result["commands"][:1]:
+            commands.setdefault(same_command(command), command)
+    commands = list(commands.values())
     lines += ["", "Commands:", "", "```bash", *commands, "```", ""] if commands else [""]
     for result in results:
         if not result["sweep_commands"] and not result["commands"]:

@@ -1292,6 +1292,23 @@ def test_a_result_of_runs_started_by_hand_says_it_has_no_command_and_is_not_stal
     assert "python results/run.py" in text  # fake_b's command is still shown
 
 
+def test_the_readme_lists_a_command_once_whatever_the_order_of_its_flags(local_sweep, tmp_path):
+    """The EPyMARL peer's QMIX row was launched with its flags in two orders, and its README listed it twice."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    command = load(out, "fake_a")["sweep_commands"][0]
+    head, *flags = command.split(" --")
+    assert len(flags) >= 4
+    reordered = " --".join([head, *reversed(flags)])
+    other = command.replace("--num-envs 4", "--num-envs 8")
+    assert other != command
+    record = load(out, "fake_b")
+    record["sweep_commands"] = [reordered, other]
+    (out / "env_x" / "fake_b.json").write_text(json.dumps(record))
+    text = make_readme.generate(out).read_text()
+    assert text.count(command) == 1 and reordered not in text and text.count(other) == 1
+
+
 def test_crossplay_names_a_cached_record_it_cannot_use_and_plays_every_pair_again(tmp_path, capsys):
     """A crossplay.json of the same settings without `per_seed` was a KeyError."""
     import crossplay
