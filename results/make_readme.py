@@ -126,10 +126,11 @@ def config_drift(result: dict) -> str | None:
 
 def same_command(command: str) -> tuple:
     """A command with its options in a canonical order: two launches that differ only in the order of their flags
-    are the same command (``--a 1 --b 2`` and ``--b 2 --a 1``)."""
+    are the same command (``--a 1 --b 2`` and ``--b 2 --a 1``). A quoted value of several flags (``--extra "--x 1
+    --y"``) stays its option's value."""
     head, options = [], []
     for token in shlex.split(command):
-        if token.startswith("--"):
+        if token.startswith("--") and not any(c.isspace() for c in token):
             options.append([token])
         elif options:
             options[-1].append(token)

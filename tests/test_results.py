@@ -1307,6 +1307,8 @@ def test_the_readme_lists_a_command_once_whatever_the_order_of_its_flags(local_s
     (out / "env_x" / "fake_b.json").write_text(json.dumps(record))
     text = make_readme.generate(out).read_text()
     assert text.count(command) == 1 and reordered not in text and text.count(other) == 1
+    swapped = ("run.py --extra '--x 1 --y' --more '--z 2 --w'", "run.py --extra '--z 2 --w' --more '--x 1 --y'")
+    assert make_readme.same_command(swapped[0]) != make_readme.same_command(swapped[1])
 
 
 def test_crossplay_names_a_cached_record_it_cannot_use_and_plays_every_pair_again(tmp_path, capsys):
