@@ -73,10 +73,16 @@ def optimize(loss, optimizer, nets=(), max_grad_norm: float = 0.0, name: str = "
 
 
 def soft_update(targets, sources, tau: float) -> None:
-    """theta' <- theta' + tau (theta - theta') for every parameter, in one foreach op.
+    """theta' <- theta' + tau (theta - theta') for every parameter, in one foreach op; every buffer copied.
 
-    `targets` and `sources`: a module, or a sequence of modules, in the same order.
+    `targets` and `sources`: a module, or a sequence of modules, in the same order. Buffers are statistics or
+    constants, not weights to average: the copy keeps a target's twin of its source's (--standardise-rewards'
+    `reward_norm` in iql, vdn, qmix and wqmix) current in last.pt, where only the source's is ever read.
     """
-    params = lambda nets: [p for net in ([nets] if isinstance(nets, nn.Module) else nets) for p in net.parameters()]  # noqa: E731
+    modules = lambda nets: [nets] if isinstance(nets, nn.Module) else nets  # noqa: E731
+    params = lambda nets: [p for net in modules(nets) for p in net.parameters()]  # noqa: E731
+    buffers = lambda nets: [b for net in modules(nets) for b in net.buffers()]  # noqa: E731
     with torch.no_grad():
         torch._foreach_lerp_(params(targets), params(sources), tau)
+        for target, source in zip(buffers(targets), buffers(sources), strict=True):
+            target.copy_(source)

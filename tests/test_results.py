@@ -701,7 +701,41 @@ def _real_sweep(out: Path, seed: int, extra: str) -> list[str]:
 REAL_FLAGS = "--num-envs 4 --learning-starts 400 --buffer-size 6000 --final-eval-episodes 20 --eval-episodes 2"
 
 
-def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_and_learns_as_if_never_stopped(tmp_path):
+@pytest.fixture
+def sweeps(tmp_path):
+    """Starts sweeps, each in a session of its own, and kills what is left of them when the test ends, their scripts
+    too (run.py starts each in a session of its own; its run dir's .lock names it): a look that fails while a script
+    stands still between SIGSTOPs leaves no stopped script behind it."""
+    started = []
+
+    def start(cmd: list[str]) -> subprocess.Popen:
+        started.append(
+            subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        )
+        return started[-1]
+
+    yield start
+    for sweep in started:
+        _reap(sweep)
+    for lock in tmp_path.rglob(".lock"):
+        pid = _script_pid(lock.parent)
+        try:  # the pid still this run's script's, not reused
+            if str(lock.parent) in Path(f"/proc/{pid}/cmdline").read_text():
+                os.killpg(pid, signal.SIGKILL)
+        except OSError:  # ended (or never started)
+            pass
+
+
+def _reap(sweep: subprocess.Popen) -> None:
+    """Kill what is left of the sweep's session (SIGKILL ends a stopped process too)."""
+    try:
+        os.killpg(sweep.pid, signal.SIGKILL)
+    except ProcessLookupError:  # nothing left of it
+        pass
+    sweep.wait(timeout=30)
+
+
+def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_and_learns_as_if_never_stopped(tmp_path, sweeps):
     """Stopped by SIGTERM and launched again, the run goes on from its last.pt with its replay buffer, RNG, env state
     and loop state: every loss logged after the resume, and the final weights, equal those of a run never stopped."""
     import torch
@@ -709,9 +743,8 @@ def test_a_real_sweep_stopped_by_sigterm_resumes_where_it_stopped_and_learns_as_
     run_dir = tmp_path / "runs" / "simple_spread_v3" / "mfq" / "seed0"
     flags = REAL_FLAGS + " --eval-interval 1000 --log-interval 40"  # last.pt at each evaluation: a step to stop at
     cmd = _real_sweep(tmp_path, 0, flags)
-    never_stopped = subprocess.Popen(_real_sweep(tmp_path / "ref", 0, flags), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)  # fmt: skip
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    never_stopped = sweeps(_real_sweep(tmp_path / "ref", 0, flags))
+    first = sweeps(cmd)
     _wait_for(lambda: _script_pid(run_dir) or first.poll() is not None, "the script to start", timeout=180)
     pid = _script_pid(run_dir)
     assert _held_when(pid, first, lambda: (sweep_runner.checkpoint_step(run_dir) or 0) >= 1000), "it ended first"
@@ -780,13 +813,13 @@ def _held_when(pid: int | None, sweep: subprocess.Popen, predicate) -> bool:
     return False
 
 
-def _kill_9_at_a_gap(root: Path) -> tuple[list, Path, int, int] | None:
+def _kill_9_at_a_gap(root: Path, sweeps) -> tuple[list, Path, int, int] | None:
     """A real sweep killed with kill -9 once its log is past its last.pt: (cmd, run dir, last.pt's step,
     logged step), or None when the run ended first. The gap is looked for while the script stands still
     (``_held_when``), so that the kill lands inside a gap."""
     run_dir = root / "runs" / "simple_spread_v3" / "mfq" / "seed1"
     cmd = _real_sweep(root, 1, REAL_FLAGS + " --eval-interval 1000")  # last.pt each eval
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = sweeps(cmd)
 
     def saved() -> int:
         return sweep_runner.checkpoint_step(run_dir) or 0
@@ -802,18 +835,18 @@ def _kill_9_at_a_gap(root: Path) -> tuple[list, Path, int, int] | None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:  # the script ended between two looks
         return None
-    finally:  # leave no sweep running behind the test
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=30)
+    finally:  # the sweep records nothing more: what the kill left is what the resume finds
+        _reap(first)
     step, reached = saved(), sweep_runner.reached_step(run_dir)
     assert reached > step, (step, reached)
     return cmd, run_dir, step, reached
 
 
-def test_a_real_sweep_killed_with_kill_9_resumes_from_the_last_periodic_checkpoint_and_says_what_was_lost(tmp_path):
+def test_a_real_sweep_killed_with_kill_9_resumes_from_the_last_periodic_checkpoint_and_says_what_was_lost(
+    tmp_path, sweeps
+):
     for attempt in range(3):
-        killed = _kill_9_at_a_gap(tmp_path / f"try{attempt}")
+        killed = _kill_9_at_a_gap(tmp_path / f"try{attempt}", sweeps)
         if killed is not None:
             break
     else:

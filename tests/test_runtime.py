@@ -424,6 +424,23 @@ def test_soft_update_moves_targets_tau_of_the_way_for_a_module_or_a_sequence():
     assert all(torch.equal(a, b) for a, b in zip(one.parameters(), other.parameters(), strict=True))
 
 
+def test_soft_update_copies_buffers_so_a_targets_running_statistics_stay_its_sources():
+    """A qmix-like team with --standardise-rewards' RunningNorm: after a few updates of the source's statistics and
+    one soft update, the target's moments are the source's (they had stayed at the deepcopy's before the copy)."""
+    import copy
+
+    from runtime import RunningNorm, soft_update
+
+    team = nn.ModuleDict({"q": Stacked(2, 3, 1), "reward_norm": RunningNorm()})
+    target = copy.deepcopy(team)
+    for _ in range(3):
+        team["reward_norm"].update(torch.randn(50) * 3 + 1)
+    soft_update(target, team, 0.5)
+    for name, buffer in team.named_buffers():
+        assert torch.equal(dict(target.named_buffers())[name], buffer), name
+    assert float(target["reward_norm"].count) > 150
+
+
 @pytest.mark.parametrize("shape", [(), (3,)])
 def test_running_norm_merges_batches_into_the_moments_of_their_concatenation(shape):
     """value targets (shape ()) and per-feature inputs ((3,)): batches of different sizes and offsets, merged one by
