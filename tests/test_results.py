@@ -800,7 +800,7 @@ def _stopped(pid: int) -> bool:
     """Whether every thread of the process ``pid`` has stopped (or it has ended). kill(SIGSTOP) returns with the
     signal only queued: the process stops when one of its threads next runs, and on a loaded machine a SIGTERM sent
     in between is taken first (its handler runs, the lower signal number dequeued first), so it is never seen pending
-    while the script stands still (the SIGTERM test failed 2 of 9 runs beside five training runs without this look)."""
+    while the script stands still (without this look the SIGTERM test failed 2 of 12 runs beside five training runs)."""
     try:
         states = [
             (task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in Path(f"/proc/{pid}/task").iterdir()
