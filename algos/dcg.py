@@ -14,6 +14,7 @@ from runtime import (
     MakePolicy,
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_discrete,
     check_finite,
@@ -27,6 +28,7 @@ from runtime import (
     reset_finished,
     setup,
     soft_update,
+    standardised_rewards,
 )
 
 ALGO = "dcg"
@@ -51,6 +53,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """episodes per gradient step"""
     gamma: float = 0.95
     """discount (0.95 as the value-decomposition scripts use on 25-step MPE episodes)"""
+    standardise_rewards: bool = False
+    """replay the team rewards as (r - mean) / std of every stored reward replayed so far (EPyMARL's
+    standardise_rewards); off by default (unmeasured here: results/Foraging-8x8-2p-2f-coop/reward_scale.md)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
     target_network_frequency: int = 20_000
@@ -134,6 +139,8 @@ class DCG(nn.Module):
         edges_from, edges_to = graph_edges(args.graph, sum(spec.n_agents for spec in specs.values()))
         self.register_buffer("edges_from", edges_from, persistent=False)
         self.register_buffer("edges_to", edges_to, persistent=False)
+        if args.standardise_rewards:  # the running statistics of the replayed team rewards, checkpointed
+            self.reward_norm = RunningNorm()
 
     def utilities(self, obs, hidden=None):
         """Every agent's utilities (padded with zeros), GRU features and new GRU state, concatenated over groups:
@@ -219,7 +226,7 @@ def team_actor(ckpt, specs, device, greedy=True) -> MakePolicy:
     return acting(dcg, specs, args, device, 0.0 if greedy else args.end_e)
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params", "payoff_rank")  # what the weights depend on
+NETWORK_FLAGS = ("hidden_size", "share_params", "payoff_rank", "standardise_rewards")  # shape the weights, statistics
 
 
 def main(args):
@@ -347,6 +354,8 @@ def update(dcg, target, optimizer, rb, args, device, rng):
     graph's greedy joint action by max-sum and Q' the target graph's value of it (Double Q, the paper's
     Algorithm 1); utilities, payoffs and the GRU learn together through Q's TD error."""
     batch = rb.sample(args.batch_size, rng)  # (L + 1, B, ...) from a zero state
+    if args.standardise_rewards:
+        batch["reward"] = standardised_rewards(dcg.reward_norm, batch["reward"], batch["loss_mask"])
     mb = to_torch(batch, device)
     mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
     obs = {g: mb[f"obs_{g}"] for g in dcg.agents}

@@ -14,6 +14,7 @@ from runtime import (
     MakePolicy,
     MultiAgentArgs,
     Run,
+    RunningNorm,
     check_args,
     check_discrete,
     check_finite,
@@ -26,6 +27,7 @@ from runtime import (
     reset_finished,
     setup,
     soft_update,
+    standardised_rewards,
     sub_state,
 )
 
@@ -54,6 +56,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """episodes per gradient step"""
     gamma: float = 0.95
     """discount (0.95 as the value-decomposition scripts use on 25-step MPE episodes)"""
+    standardise_rewards: bool = False
+    """replay the team rewards as (r - mean) / std of every stored reward replayed so far (EPyMARL's
+    standardise_rewards); off by default (unmeasured here: results/Foraging-8x8-2p-2f-coop/reward_scale.md)"""
     tau: float = 1.0
     """target update rate: 1 copies the networks (hard update), < 1 is a Polyak (soft) update"""
     target_network_frequency: int = 20_000
@@ -166,6 +171,8 @@ class QTRAN(nn.Module):
         self.agents = nn.ModuleDict({g: GroupQ(spec, args) for g, spec in specs.items()})
         joint = CounterfactualQ if args.variant == "alt" else JointQ
         self.joint = joint(max(spec.action_dim for spec in specs.values()), state_dim, args)
+        if args.standardise_rewards:  # the running statistics of the replayed team rewards, checkpointed
+            self.reward_norm = RunningNorm()
 
 
 @torch.no_grad()
@@ -210,7 +217,13 @@ def actor(ckpt, group, spec, device, greedy=True) -> MakePolicy:
     return acting({group: agents}, {group: spec}, args, device, 0.0 if greedy else args.end_e)
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params", "mixing_embed_dim", "variant")  # what the weights depend on
+NETWORK_FLAGS = (
+    "hidden_size",
+    "share_params",
+    "mixing_embed_dim",
+    "variant",
+    "standardise_rewards",
+)  # what the weights (and the reward statistics) depend on
 
 
 def main(args):
@@ -310,6 +323,8 @@ def update(qtran, target, optimizer, rb, args, device, rng):
     Q_jt - V at the greedy joint action and to stay at or above it elsewhere, so that the greedy joint action of Q' is
     Q_jt's."""
     batch = rb.sample(args.batch_size, rng)  # (L + 1, B, ...) from a zero state
+    if args.standardise_rewards:
+        batch["reward"] = standardised_rewards(qtran.reward_norm, batch["reward"], batch["loss_mask"])
     mb = to_torch(batch, device)
     mask = mb["loss_mask"][:-1]  # a step's target needs row t + 1
     q, features, alive, avail = group_outputs(qtran.agents, mb)  # (L + 1, B, N, n), (L + 1, B, N, H), ...

@@ -38,9 +38,9 @@ class RunningNorm(nn.Module):
 
 def standardised_rewards(norm: RunningNorm, rewards: np.ndarray, stored: np.ndarray) -> np.ndarray:
     """A replayed batch's rewards as (r - mean) / std of every stored reward replayed so far (--standardise-rewards
-    of iql.py, vdn.py, qmix.py and wqmix.py; EPyMARL's `standardise_rewards`): the batch's own stored steps
-    (`stored`, a mask of `rewards`' shape: not padding, not a dead agent's) update `norm` first. The same shape and
-    dtype as `rewards`.
+    of iql.py, vdn.py, qmix.py, wqmix.py, qtran.py and dcg.py; EPyMARL's `standardise_rewards`): the batch's own
+    stored steps (`stored`, a mask of `rewards`' shape: not padding, not a dead agent's) update `norm` first. The same
+    shape and dtype as `rewards`.
 
     On a sparse task this makes a rare reward worth several units (on Foraging-8x8-2p-2f-coop a food, about 0.25 of
     team reward, is 5-7 standard deviations; with it the three scripts solve the task, and for qmix.py the scale alone,

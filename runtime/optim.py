@@ -77,7 +77,7 @@ def soft_update(targets, sources, tau: float) -> None:
 
     `targets` and `sources`: a module, or a sequence of modules, in the same order. Buffers are statistics or
     constants, not weights to average: the copy keeps a target's twin of its source's (--standardise-rewards'
-    `reward_norm` in iql, vdn, qmix and wqmix) current in last.pt, where only the source's is ever read.
+    `reward_norm` in the value-based scripts) current in last.pt, where only the source's is ever read.
     """
     modules = lambda nets: [nets] if isinstance(nets, nn.Module) else nets  # noqa: E731
     params = lambda nets: [p for net in modules(nets) for p in net.parameters()]  # noqa: E731

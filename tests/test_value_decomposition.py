@@ -132,7 +132,7 @@ def loss_and_grads(s, net, target, opt, rb, args):
 @pytest.mark.parametrize(
     "algo, flags",
     [(a, f) for a in ALGOS for f in ({}, {"seq_len": 3, "burn_in": 2}, {"td_lambda": 0.0, "n_step": 3})]
-    + [(a, {"standardise_rewards": True}) for a in ALGOS]  # padding's rewards never reach the statistics either
+    + [(a, {"standardise_rewards": True}) for a in [*ALGOS, "qtran", "dcg"]]  # nor the statistics
     + [("qtran", {}), ("qtran", {"variant": "alt"}), ("dcg", {}), ("dcg", {"payoff_rank": 2, "graph": "cycle"})],
 )
 def test_padding_never_reaches_the_loss(algo, flags):
@@ -254,7 +254,7 @@ def test_spread_writes_events_checkpoints_and_reloads_to_the_same_greedy_actions
     assert reloaded == pytest.approx(float(np.mean(final)), abs=0.01)
 
 
-@pytest.mark.parametrize("algo", ["iql", "vdn", "qmix", "wqmix"])
+@pytest.mark.parametrize("algo", [*ALGOS, "qtran", "dcg"])
 def test_standardised_rewards_statistics_are_checkpointed_and_a_contrary_flag_is_refused(algo, tmp_path, capsys):
     """--standardise-rewards: the run's last.pt holds the statistics of the rewards it replayed (every stored one
     counted, so more than the batch of the first update); --eval-checkpoint takes the flag from the checkpoint and
