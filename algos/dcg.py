@@ -226,7 +226,7 @@ def team_actor(ckpt, specs, device, greedy=True) -> MakePolicy:
     return acting(dcg, specs, args, device, 0.0 if greedy else args.end_e)
 
 
-NETWORK_FLAGS = ("hidden_size", "share_params", "payoff_rank", "standardise_rewards")  # shape the weights, statistics
+NETWORK_FLAGS = ("hidden_size", "share_params", "payoff_rank", "standardise_rewards")  # what the networks depend on
 
 
 def main(args):
