@@ -797,10 +797,11 @@ def _pending(pid: int, sig: int) -> bool:
 
 
 def _stopped(pid: int) -> bool:
-    """Whether every thread of the process ``pid`` has stopped (or it has ended). kill(SIGSTOP) returns with the
-    signal only queued: the process stops when one of its threads next runs, and on a loaded machine a SIGTERM sent
-    in between is taken first (its handler runs, the lower signal number dequeued first), so it is never seen pending
-    while the script stands still (without this look the SIGTERM test failed 2 of 12 runs beside five training runs)."""
+    """Whether every thread of the process ``pid`` has stopped (a zombie counts; ProcessLookupError once it is gone,
+    which ``_held_when`` takes as the script's end). kill(SIGSTOP) returns with the signal only queued: the process
+    stops when one of its threads next runs, and on a loaded machine a SIGTERM sent in between is taken first (its
+    handler runs, the lower signal number dequeued first), so it is never seen pending while the script stands still
+    (without this look the SIGTERM test failed 2 of 12 runs beside five training runs)."""
     try:
         states = [
             (task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in Path(f"/proc/{pid}/task").iterdir()
