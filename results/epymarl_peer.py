@@ -23,6 +23,10 @@ replay buffer). A SIGTERM or SIGINT to this script is passed on: EPyMARL finishe
 same command later resumes the seed from that save (or, after a crash, from its last save of every
 `--save-interval` steps). The seed's row joins its segments: EPyMARL's tests up to each resume, its wall time summed.
 What a resume does not keep: the random number streams, restarted from the seed.
+
+Commands may split the seeds between them (`--seeds 0,1` and `--seeds 2,`), side by side: each seed's directory is
+locked while it trains (the lock results/run.py's sweeps take), a seed held by another command is skipped with a line,
+and the row each command writes at its end holds every finished seed of the task and config.
 """
 
 from __future__ import annotations
@@ -51,13 +55,14 @@ from collect import (
     RESULTS_DIR,
     SPS_TAG,
     collect,
+    finished_runs,
     git_commit,
     is_finished,
     read_json,
     run_dir_for,
 )
 from make_readme import team_size
-from run import parse_seeds, probe_hardware, probe_versions, utc_now
+from run import claim, parse_seeds, probe_hardware, probe_versions, utc_now
 
 ROOT = RESULTS_DIR.parent
 # EPyMARL's gymma env by the package's registered id, and the benchmark's time limit: per registry family
@@ -319,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         if is_finished(run_dir):
             print(f"skip {args.env_id} {algo} seed {seed}: finished ({run_dir})")
             continue
+        claimed = claim(run_dir, False, print)  # the lock results/run.py's sweeps take: one seed, one process
+        if isinstance(claimed, str):
+            print(f"skip {args.env_id} {algo} seed {seed}: {claimed}", flush=True)
+            continue
         print(f"run  {args.env_id} {algo} seed {seed} -> {run_dir}", flush=True)
         try:
             train_seed(args, seed, run_dir, sweep_command)
@@ -328,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-    paths, errors = collect(args.out, {(args.env_id, algo): args.seeds})
+        finally:
+            os.close(claimed)
+    # the row holds every finished seed of the task and config, those another command ran included
+    groups, _ = finished_runs(args.out, [args.env_id], [algo])
+    paths, errors = collect(args.out, groups or {(args.env_id, algo): args.seeds})
     for path in paths:
         print(f"wrote {path}")
     for error in errors:

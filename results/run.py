@@ -379,19 +379,20 @@ def _holder(fd: int) -> str:
     return os.read(fd, 64).decode(errors="replace").strip() or "?"
 
 
-def claim(run: Run, wait: bool, say) -> int | str:
-    """Lock ``run``'s directory for this sweep: the lock's fd, or who holds it (busy and not ``wait``, or stopped).
+def claim(run_dir: Path, wait: bool, say) -> int | str:
+    """Lock ``run_dir`` for this sweep (or the EPyMARL peer's command): the lock's fd, or who holds it (busy and not
+    ``wait``, or stopped).
 
     The lock file sits beside the directory (emptying the directory keeps it) and the OS releases it when this
     process dies, even by kill -9. A script started by hand into the directory holds the script's own ``.lock``.
     While another holds either, nothing in the directory is touched: with ``wait`` the claim is retried every
     2 s (after one line through ``say``) until it is free or the sweep is stopped.
     """
-    run.run_dir.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run.run_dir.parent / f".{run.run_dir.name}.runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir.parent / f".{run_dir.name}.runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
     said = False
     while True:
-        if (holder := _try_claim(fd, run.run_dir)) is None:
+        if (holder := _try_claim(fd, run_dir)) is None:
             return fd
         if wait and not said:
             say(f"{holder}; waiting for it")
@@ -763,7 +764,7 @@ class Sweep:
         Locally a busy run is waited for (the other sweep's result is then collected); Ray claims every run at
         launch, so there a busy run is left to the sweep that holds it.
         """
-        claimed = claim(run, not self.args.use_ray, lambda why: self.bar.write(f"busy    {run.name}: {why}"))
+        claimed = claim(run.run_dir, not self.args.use_ray, lambda why: self.bar.write(f"busy    {run.name}: {why}"))
         if isinstance(claimed, str):
             self.tally(run, "busy", f"BUSY   {run.name}: {claimed}; not run, and not in this sweep's results")
             return None

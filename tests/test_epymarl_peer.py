@@ -187,6 +187,29 @@ def test_a_peer_run_is_played_on_our_episodes_and_collected_as_a_row(tmp_path, m
     assert epymarl_peer.main(flags) == 0  # finished seeds are skipped, the row written again
 
 
+def test_a_seed_another_command_holds_is_skipped_and_each_row_holds_every_finished_seed(tmp_path, monkeypatch, capsys):
+    import collect
+    import run
+
+    epymarl = fake_epymarl(tmp_path, monkeypatch)
+    out = tmp_path / "results"
+    flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop",
+             "--total-timesteps", "1000", "--eval-interval", "500", "--out", str(out)]  # fmt: skip
+    runs = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl"
+    held = run.claim(runs / "seed0", False, print)  # another command trains seed 0 (flock: per open, so it holds)
+    assert isinstance(held, int)
+    assert epymarl_peer.main(flags + ["--seeds", "0,1"]) == 0
+    assert f"skip Foraging-8x8-2p-2f-coop qmix-epymarl seed 0: in use by another sweep (pid {os.getpid()})" in (
+        capsys.readouterr().out
+    )
+    assert not (runs / "seed0").exists() and collect.is_finished(runs / "seed1")  # seed 0's directory untouched
+    row = out / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl.json"
+    assert collect.read_json(row)["seeds"] == [1]
+    os.close(held)  # the other command ends; a third one, naming seed 0 alone, trains it
+    assert epymarl_peer.main(flags + ["--seeds", "0,"]) == 0
+    assert collect.read_json(row)["seeds"] == [0, 1]  # seed 1, which this command did not name, is in its row
+
+
 def test_a_stopped_seed_resumes_from_its_save_and_its_row_joins_the_segments(tmp_path, monkeypatch, capsys):
     import collect
 
