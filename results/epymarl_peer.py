@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         if is_finished(run_dir):
             print(f"skip {args.env_id} {algo} seed {seed}: finished ({run_dir})")
             continue
-        claimed = claim(run_dir, False, print)  # the lock results/run.py's sweeps take: one seed, one process
+        claimed = claim(run_dir)  # the lock results/run.py's sweeps take: one seed, one process
         if isinstance(claimed, str):
             print(f"skip {args.env_id} {algo} seed {seed}: {claimed}", flush=True)
             continue

@@ -77,7 +77,7 @@ STOP_GRACE_S = 300  # how long a stopped script may take to write last.pt and it
 PROGRESS = re.compile(rb"(\d+)/(\d+) \[")  # tqdm's "step/total [" in run.log
 LEFT = re.compile(rb"\d+/\d+ \[[\d:]+<([\d:]+)[,\]]")  # tqdm's estimate of the time left, "[04:04<21:23,"
 _LIVE: set[subprocess.Popen] = set()  # this process's running scripts, killed on Ctrl-C
-_STOP = threading.Event()  # set on Ctrl-C: a thread waiting to claim a run directory gives up
+_STOP = threading.Event()  # set on Ctrl-C: a thread waiting for a held run directory gives up
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -379,27 +379,20 @@ def _holder(fd: int) -> str:
     return os.read(fd, 64).decode(errors="replace").strip() or "?"
 
 
-def claim(run_dir: Path, wait: bool, say) -> int | str:
-    """Lock ``run_dir`` for this sweep (or the EPyMARL peer's command): the lock's fd, or who holds it (busy and not
-    ``wait``, or stopped).
+def claim(run_dir: Path) -> int | str:
+    """Lock ``run_dir`` for this sweep (or the EPyMARL peer's command): the lock's fd, or who holds it.
 
     The lock file sits beside the directory (emptying the directory keeps it) and the OS releases it when this
     process dies, even by kill -9. A script started by hand into the directory holds the script's own ``.lock``.
-    While another holds either, nothing in the directory is touched: with ``wait`` the claim is retried every
-    2 s (after one line through ``say``) until it is free or the sweep is stopped.
+    While another holds either, nothing in the directory is touched; the claim does not wait (run_local tries a held
+    run again after the free ones).
     """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir.parent / f".{run_dir.name}.runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    said = False
-    while True:
-        if (holder := _try_claim(fd, run_dir)) is None:
-            return fd
-        if wait and not said:
-            say(f"{holder}; waiting for it")
-            said = True
-        if not wait or _STOP.wait(2.0):
-            os.close(fd)
-            return holder
+    if (holder := _try_claim(fd, run_dir)) is None:
+        return fd
+    os.close(fd)
+    return holder
 
 
 def _locked(path: Path) -> str | None:
@@ -547,19 +540,36 @@ def _failure_record(run: Run, error: str) -> dict:
 def run_local(runs: list[Run], workers: int, start, on_done) -> None:
     """Execute the runs in a pool of ``workers`` threads, each waiting on its subprocess.
 
-    ``start(run)`` claims and prepares a run when a thread takes it up: its spec, or None when it is not to run.
+    A thread takes up the first run left that it can start: ``start(run)`` claims and prepares it (its spec, None
+    when it is not to run, or who holds it when another command does). A held run is passed over for the runs after
+    it, so two sweeps that share seeds each run the free ones first; only when every run left is held does a thread
+    wait, trying them again every 2 s until one is free or the sweep is stopped.
     """
+    left = list(runs)
+    lock = threading.Lock()
 
-    def attempt(run: Run) -> tuple[dict, dict[str, bytes] | None] | None:
-        spec = start(run)
-        return None if spec is None else execute(spec)
+    def take() -> tuple[Run, dict | None] | None:
+        while True:
+            with lock:
+                for run in left:
+                    if not isinstance(spec := start(run), str):
+                        left.remove(run)
+                        return run, spec
+            if _STOP.wait(2.0):
+                return None
+
+    def attempt() -> tuple[Run, dict, dict[str, bytes] | None] | None:
+        if (taken := take()) is None or taken[1] is None:
+            return None
+        run, spec = taken
+        return run, *execute(spec)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(attempt, run): run for run in runs}
+        futures = [pool.submit(attempt) for _ in runs]
         try:
             for future in as_completed(futures):
                 if (outcome := future.result()) is not None:
-                    on_done(futures[future], *outcome)
+                    on_done(*outcome)
         except KeyboardInterrupt:  # the scripts run in their own sessions: stop them here
             _STOP.set()
             pool.shutdown(wait=False, cancel_futures=True)
@@ -712,6 +722,7 @@ class Sweep:
         self.lock = threading.Lock()
         # run directory -> the fd of this sweep's lock on it, held until its record is written
         self.claims: dict[Path, int] = {}
+        self.held: set[Path] = set()  # runs found held by another command (said once)
         self.rows: dict[tuple[str, str], set[Path]] = {}  # (env_id, label "<algo>-<variant>") -> its runs in this sweep
         for run in runs:
             self.rows.setdefault((run.env_id, run.algo), set()).add(run.run_dir)
@@ -758,16 +769,21 @@ class Sweep:
             self.bar.update(1)
             self.bar.set_postfix(self.counts())
 
-    def start(self, run: Run) -> dict | None:
-        """Claim, triage (again: another sweep may have run it meanwhile) and prepare a run just before it runs.
+    def start(self, run: Run) -> dict | str | None:
+        """Claim, triage (again: another sweep may have run it meanwhile) and prepare a run just before it runs: its
+        spec, None when it is not to run, or who holds it.
 
-        Locally a busy run is waited for (the other sweep's result is then collected); Ray claims every run at
-        launch, so there a busy run is left to the sweep that holds it.
+        Locally a held run is tried again later (run_local; the other sweep's result is then collected); Ray claims
+        every run at launch, so there a held run is left to the sweep that holds it.
         """
-        claimed = claim(run.run_dir, not self.args.use_ray, lambda why: self.bar.write(f"busy    {run.name}: {why}"))
-        if isinstance(claimed, str):
-            self.tally(run, "busy", f"BUSY   {run.name}: {claimed}; not run, and not in this sweep's results")
-            return None
+        if isinstance(claimed := claim(run.run_dir), str):
+            if self.args.use_ray:
+                self.tally(run, "busy", f"BUSY   {run.name}: {claimed}; not run, and not in this sweep's results")
+                return None
+            if run.run_dir not in self.held:
+                self.held.add(run.run_dir)
+                self.bar.write(f"busy    {run.name}: {claimed}; running the free runs first, then waiting for it")
+            return claimed
         verdict = triage(run, self.args.force)
         if verdict not in (None, "resume"):
             os.close(claimed)

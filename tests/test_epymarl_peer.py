@@ -196,7 +196,7 @@ def test_a_seed_another_command_holds_is_skipped_and_each_row_holds_every_finish
     flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop",
              "--total-timesteps", "1000", "--eval-interval", "500", "--out", str(out)]  # fmt: skip
     runs = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl"
-    held = run.claim(runs / "seed0", False, print)  # another command trains seed 0 (flock: per open, so it holds)
+    held = run.claim(runs / "seed0")  # another command trains seed 0 (flock: per open, so it holds)
     assert isinstance(held, int)
     assert epymarl_peer.main(flags + ["--seeds", "0,1"]) == 0
     assert f"skip Foraging-8x8-2p-2f-coop qmix-epymarl seed 0: in use by another sweep (pid {os.getpid()})" in (

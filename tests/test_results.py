@@ -589,22 +589,29 @@ def _wait_for(predicate, what: str, timeout: float = 60) -> None:
 
 
 def test_two_sweeps_over_the_same_runs_share_them_and_lose_nothing(tmp_path):
-    """A second sweep started while the first runs waits for the run in progress instead of emptying its directory.
+    """A second sweep started while the first runs passes over the run in progress, runs the free one meanwhile, and
+    never empties the held directory.
 
-    The bug: the second sweep emptied every pending directory at launch, its script then refused the directory
-    the first was using, and its "failed" record replaced the first's finished one; collect dropped that seed.
+    The bugs: the second sweep emptied every pending directory at launch, its script then refused the directory the
+    first was using, and its "failed" record replaced the first's finished one; collect dropped that seed. Later it
+    waited on the held run in queue order, idle while a free run stood behind it.
     """
     log = tmp_path / "launches.txt"
-    env = {**os.environ, "FAKE_LAUNCH_LOG": str(log), "FAKE_EVAL_SLEEP": "0.1"}
+    env = {**os.environ, "FAKE_LAUNCH_LOG": str(log), "FAKE_EVAL_SLEEP": "0.2"}
     cmd = _sweep_command(tmp_path, "--seeds", "2")
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: launches(log), "the first sweep's first run")
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    second = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: len(launches(log)) == 2, "the second sweep's run")
+    seed0 = tmp_path / "runs" / "env_x" / "fake_a" / "seed0"
+    assert json.loads((seed0 / "run.json").read_text())["status"] == "launched"  # seed 1 began while seed 0 ran
+    second_out, second_err = second.communicate(timeout=180)
     first_out, first_err = first.communicate(timeout=180)
     assert first.returncode == 0, first_out + first_err
-    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.returncode == 0, second_out + second_err
     assert sorted(int(seed) for *_, seed, _ in launches(log)) == [0, 1]  # each run executed once
-    assert f"busy    env_x fake_a seed 0: in use by another sweep (pid {first.pid}); waiting for it" in second.stdout
+    held = "busy    env_x fake_a seed 0: in use by another sweep (pid {}); running the free runs first, then waiting"
+    assert held.format(first.pid) in second_out
     for seed in (0, 1):
         record = json.loads((tmp_path / "runs" / "env_x" / "fake_a" / f"seed{seed}" / "run.json").read_text())
         assert record["status"] == "ok"
@@ -645,7 +652,7 @@ def test_a_sweep_waits_for_a_script_running_in_its_directory_and_never_empties_o
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    busy = "busy    env_x fake_a seed 0: in use by a running script (pid 4242); waiting for it"
+    busy = "busy    env_x fake_a seed 0: in use by a running script (pid 4242); running the free runs first"
     _wait_for(lambda: busy in stdout.read_text(), "the sweep to wait for the script")
     assert (run_dir / "last.pt").exists() and json.loads((run_dir / "run.json").read_text())["status"] == "failed"
     os.close(held)  # the script ends, its run unfinished: the sweep runs it again
