@@ -10,9 +10,10 @@ hardware, library versions). A finished run (recorded status "ok", or a DONE fil
 the sweep is launched again; a failed one is reported with its log path, the others go on, and the
 exit status is 1. Two sweeps may share a results root: each run directory is claimed (a lock beside it,
 ``.seed<S>.runner.lock``) just before its run starts and held until its record is written. A second sweep
-waits, with a line, for a run that another sweep (or a script started by hand) is executing, then collects
-it if it finished; no sweep empties a directory another holds, or one that holds files no sweep wrote, and
-no record is written over another launch's.
+passes over, with a line, a run that another sweep (or a script started by hand) is executing, runs the free ones
+first, then waits for the held one and collects it if it finished (two lanes may name the same seeds); no sweep
+empties a directory another holds, or one that holds files no sweep wrote, and no record is written over another
+launch's.
 
 A run that a sweep started and that did not finish (the sweep or its machine was stopped, the run killed) is
 continued, not restarted, when the same sweep is launched again: the script runs with ``--resume DIR`` in place
