@@ -108,6 +108,7 @@ PER_RUN_KEYS = {"seed", "run_dir", "resume", "eval_checkpoint"}  # differ betwee
 # how a run ran, not what it learned: seeds of one row may differ in these (a seed run on another machine, with --cuda)
 HOW_IT_RAN = PER_RUN_KEYS | {"cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "capture_video"}
 HOW_IT_RAN |= {"save_model", "save_buffer", "checkpoint_minutes", "vector"}
+FLAGS = ("config", "config_per_seed")  # the keys of a result that hold the runs' flags, never rounded
 
 
 def git_commit() -> str:
@@ -553,21 +554,26 @@ def build_result(
         "hardware": _grouped({s: records[s].get("hardware") for s in seeds}),
         "versions": _grouped({s: records[s].get("versions") for s in seeds}),
     }
-    return clean_json(result)
+    # the measurements to 6 decimals; the flags as the runs recorded them (rounded, coma's --actor-adam-eps 1e-8
+    # was 0.0, and make_readme called the row stale)
+    return {key: clean_json(value, decimals=None if key in FLAGS else 6) for key, value in result.items()}
 
 
-def clean_json(obj):
-    """Plain JSON values: numpy scalars to Python, non-finite floats to None, floats rounded to 6 decimals."""
+def clean_json(obj, decimals: int | None = 6):
+    """Plain JSON values: numpy scalars to Python, non-finite floats to None, floats rounded to `decimals` (None:
+    kept as they are)."""
     if isinstance(obj, dict):
-        return {str(k): clean_json(v) for k, v in obj.items()}
+        return {str(k): clean_json(v, decimals) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
+        return [clean_json(v, decimals) for v in obj]
     if isinstance(obj, (bool, np.bool_)):
         return bool(obj)
     if isinstance(obj, (int, np.integer)):
         return int(obj)
     if isinstance(obj, (float, np.floating)):
-        return round(float(obj), 6) if math.isfinite(obj) else None
+        if not math.isfinite(obj):
+            return None
+        return float(obj) if decimals is None else round(float(obj), decimals)
     return obj
 
 

@@ -1299,6 +1299,21 @@ def test_collect_names_a_garbled_or_missing_config_instead_of_taking_the_other_s
     assert f"{config}: missing, so the run's flags are unknown" in capsys.readouterr().err
 
 
+def test_collect_keeps_the_flags_as_recorded_and_rounds_only_the_measurements(local_sweep, tmp_path):
+    """Every float of a result was rounded to 6 decimals, the flags with them: coma's --actor-adam-eps 1e-8 became
+    0.0 in rware-tiny-4ag/coma.json, and make_readme called the row stale (its command today gives 1e-8)."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    for seed, config in enumerate(sorted((out / "runs" / "env_x" / "fake_a").glob("seed*/config.json"))):
+        flags = {"adam_eps": 1e-8, "checkpoint_minutes": (seed + 1) * 1e-7}  # the second may differ between seeds
+        config.write_text(json.dumps(json.loads(config.read_text()) | flags))
+    assert collect.main(["--out", str(out), "--algos", "fake_a"]) == 0
+    result = load(out, "fake_a")
+    assert result["config"]["adam_eps"] == 1e-8
+    assert result["config_per_seed"]["checkpoint_minutes"] == {"0": 1e-7, "1": 2e-7}
+    assert collect.clean_json({"x": [1 / 3, np.float32(0.5)]}) == {"x": [0.333333, 0.5]}  # measurements: 6 decimals
+
+
 def test_collect_refuses_seeds_of_different_configurations_under_one_label(local_sweep, tmp_path, capsys):
     """A sweep that adds seeds after a default changed collects the earlier seeds too (earlier_seeds): one row then
     averaged two configurations, the difference only in the JSON's config_per_seed. Refused, naming the flag (also one
