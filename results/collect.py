@@ -29,6 +29,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -591,15 +592,28 @@ def dump_json(obj, indent: int = 0) -> str:
 
 
 def write_result(result: dict, out: Path) -> Path:
-    """Validate and write a result document to ``<out>/<env_id>/<algo>.json``, whole or not at all (a sweep writes
-    its rows while it runs, and may be stopped at any moment): returns the path."""
+    """Validate and write a result document to ``<out>/<env_id>/<algo>.json`` (whole: `write_whole`): returns the
+    path."""
     check_result(result)
     path = Path(out) / result["env_id"] / f"{result['algo']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_text(dump_json(result))
-    os.replace(tmp, path)
+    write_whole(path, dump_json(result))
     return path
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    """Write `path` whole or not at all: a sweep writes its rows and README while it runs and may be stopped at any
+    moment. The temporary file is the writer's own: sweeps sharing the same runs end together and write the same
+    files at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", prefix=f"{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)  # mkstemp's file is the owner's alone; what we publish is for everyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from collect import (
     read_json,
     result_paths,
     sample_std,
+    write_whole,
 )
 
 REFERENCE_FILE = RESULTS_DIR / "reference.json"
@@ -271,8 +272,14 @@ def plot_curves(env_id: str, results: list[dict], path: Path, references: list[d
         about += "; long dashes: published figures" if any(refs.values()) else ""
         width = fig.get_figwidth() * fig.dpi / 6.5  # characters of a 10-point line that fit
         fig.suptitle(f"{env_id}\n" + textwrap.fill(about, int(width)), fontsize=10)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", metadata={"Software": None})
+        save_png(fig, path)
+
+
+def save_png(fig, path: Path) -> None:
+    """The figure as a PNG at `path`, written whole (collect.write_whole)."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", metadata={"Software": None})
+    write_whole(path, png.getvalue())
 
 
 def reference_cell(ref: dict, note: int, brief: bool = False) -> str:
@@ -618,8 +625,7 @@ def draw_heatmap(path: Path, rows: list[str], algos: list[str], shade: np.ndarra
         ax.set_xticks(range(len(algos)), algos, fontsize=8, rotation=30, ha="right")
         ax.set_yticks(range(len(rows)), rows, fontsize=8)
         ax.set_title(title, fontsize=9)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", metadata={"Software": None})
+        save_png(fig, path)
 
 
 def plot_overview(algos: list[str], numbers: dict, path: Path) -> bool:
@@ -922,7 +928,7 @@ def generate(out: Path = RESULTS_DIR, reference: Path = REFERENCE_FILE) -> Path:
     for name, drawn in ((OVERVIEW_NAME, plot), (BENCHMARK_PLOT_NAME, benchmark_plot)):
         if not drawn:
             (out / name).unlink(missing_ok=True)
-    readme.write_text(render(out, by_env, references, plot, cells, benchmark_plot))
+    write_whole(readme, render(out, by_env, references, plot, cells, benchmark_plot))
     return readme
 
 

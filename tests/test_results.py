@@ -5,9 +5,11 @@ write real TensorBoard events with a known curve, eval = offset + slope * step /
 so the expected numbers are recomputed here from that formula. Everything writes into tmp dirs.
 """
 
+import concurrent.futures
 import copy
 import fcntl
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -1312,6 +1314,24 @@ def test_collect_keeps_the_flags_as_recorded_and_rounds_only_the_measurements(lo
     assert result["config"]["adam_eps"] == 1e-8
     assert result["config_per_seed"]["checkpoint_minutes"] == {"0": 1e-7, "1": 2e-7}
     assert collect.clean_json({"x": [1 / 3, np.float32(0.5)]}) == {"x": [0.333333, 0.5]}  # measurements: 6 decimals
+
+
+def _write_many(out: str, result: dict, times: int) -> None:
+    for _ in range(times):
+        collect.write_result(result, Path(out))
+
+
+def test_two_sweeps_writing_one_row_at_once_both_finish_and_leave_it_whole(local_sweep, tmp_path):
+    """Sweeps over the same runs (run.py shares them) end together and write the same row: both wrote it through one
+    file name, `<algo>.json.tmp`, so the first's rename took the file the second was still writing, and the second's
+    rename failed (FileNotFoundError)."""
+    result = load(local_sweep[0], "fake_a")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        writers = [pool.submit(_write_many, str(tmp_path), result, 300) for _ in range(2)]
+        for writer in writers:
+            writer.result()  # raises what a writer raised
+    assert json.loads((tmp_path / "env_x" / "fake_a.json").read_text()) == result
+    assert sorted(p.name for p in (tmp_path / "env_x").iterdir()) == ["fake_a.json"]  # no temporary file left
 
 
 def test_collect_refuses_seeds_of_different_configurations_under_one_label(local_sweep, tmp_path, capsys):
