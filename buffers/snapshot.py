@@ -2,8 +2,8 @@
 
 A buffer that mixes in `Snapshot` describes its state as ``(arrays, meta)``: named numpy arrays (the stored
 fields, priorities, episode lengths) and a small JSON-able dict (write position, size). The file is an
-uncompressed ``.npz`` (numpy's own format, no pickle), written to a temporary name and renamed, so an
-interrupted save never leaves a half-written snapshot behind.
+uncompressed ``.npz`` (numpy's own format, no pickle); a run writes it through a temporary name and renames it
+(runtime's `write_whole`), so an interrupted save never leaves a half-written snapshot behind.
 
 `load` refuses, with a `BufferInputError` naming the file, anything the buffer could not go on from: another
 buffer class, other fields, shapes or dtypes, missing metadata, a size or write position outside this buffer's
@@ -11,7 +11,6 @@ ring, or contents the buffer's own ``_check_state`` rejects (episode lengths, pr
 """
 
 import json
-import os
 import zipfile
 
 import numpy as np
@@ -27,14 +26,12 @@ class Snapshot:
     """``save(path)`` and ``load(path)`` for a buffer defining ``_state()``, ``_set_state(arrays, meta)``,
     ``_ring()`` (its number of slots and their name); ``_check_state`` may refuse the contents."""
 
-    def save(self, path):
-        """Write everything stored to `path` (an .npz file; overwritten atomically)."""
+    def save(self, file):
+        """Write everything stored to `file`, a path or an open binary file (an .npz; a run writes its replay.npz
+        whole or not at all through runtime's `write_whole`)."""
         arrays, meta = self._state()
         meta = json.dumps({"kind": type(self).__name__, **meta}).encode()
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, **{META: np.frombuffer(meta, np.uint8)}, **arrays)
-        os.replace(tmp, path)
+        np.savez(file, **{META: np.frombuffer(meta, np.uint8)}, **arrays)
 
     def load(self, path):
         """Replace the contents by those saved in `path` by a buffer of the same class, sizes and fields."""

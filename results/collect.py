@@ -603,7 +603,8 @@ def write_result(result: dict, out: Path) -> Path:
 def write_whole(path: Path, data: str | bytes) -> None:
     """Write `path` whole or not at all: a sweep writes its rows and README while it runs and may be stopped at any
     moment. The temporary file is the writer's own: sweeps sharing the same runs end together and write the same
-    files at once."""
+    files at once (a run's own files have one writer, the run: runtime.checkpoint.write_whole, which this module
+    does not import, to stay free of torch)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".tmp", prefix=f"{path.name}.", dir=path.parent)
     try:

@@ -19,6 +19,8 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -71,15 +73,19 @@ def save_checkpoint(path: str, ckpt: dict) -> None:
     """Write `ckpt` to `path` atomically and durably; the previous file stays intact if anything fails."""
     if bad := non_finite(ckpt["nets"]):
         raise FloatingPointError(f"not writing {path}: the weights {bad[:3]} are not finite")
-    tmp = f"{path}.tmp"
     with signals_deferred():  # a Ctrl-C now waits until the file is in place
-        write(path, tmp, ckpt)
+        write_whole(path, lambda f: torch.save(ckpt, f))
 
 
-def write(path: str, tmp: str, ckpt: dict) -> None:
+def write_whole(path: str, write: Callable[[BinaryIO], None]) -> None:
+    """Write `path` whole or not at all, durably: `write(f)` fills `<path>.tmp`, which is fsynced and renamed over
+    `path`, and the directory fsynced, so the rename survives a power cut. A run's files have one writer (the run
+    holds its directory's lock): a write cut short by a kill leaves `<path>.tmp` behind, and the next write replaces
+    it. On an OSError (a full disk) the temporary file goes and the error says what to do."""
+    tmp = f"{path}.tmp"
     try:
         with open(tmp, "wb") as f:
-            torch.save(ckpt, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from runtime.args import env_signature
 from runtime.args import make_eval_env as standard_eval_env
-from runtime.checkpoint import flag, load_checkpoint, pack, restore, rng_state, save_checkpoint, unpack
+from runtime.checkpoint import flag, load_checkpoint, pack, restore, rng_state, save_checkpoint, unpack, write_whole
 from runtime.checks import CheckpointPlayed, RunStopped
 from runtime.evaluation import FINAL_SEED, add_video, evaluate, evaluate_checkpoint, periodic_seed, record
 from runtime.opponents import load_actor, self_play_source
@@ -326,7 +326,7 @@ class Run:
         self.bar.close()
         if self.replay is not None and getattr(self.args, "save_buffer", True):
             # the buffer first: a last.pt that names its step is then never beside an older one
-            self.replay.save(os.path.join(self.dir, REPLAY_NAME))
+            write_whole(os.path.join(self.dir, REPLAY_NAME), self.replay.save)
             self.save("last.pt", replay_step=self.global_step)
         else:
             self.save("last.pt")
@@ -376,10 +376,7 @@ class Run:
             result = dict(protocol="v2", episodes=len(returns), seed=FINAL_SEED, global_step=self.global_step,
                           mean=float(returns.mean()), std=float(returns.std()), returns=returns.round(4).tolist(),
                           per_group={g: float(r.mean()) for g, r in groups.items()})  # fmt: skip
-            tmp = os.path.join(self.dir, "final_eval.json.tmp")
-            with open(tmp, "w") as f:
-                json.dump(result, f)
-            os.replace(tmp, os.path.join(self.dir, "final_eval.json"))
+            write_whole(os.path.join(self.dir, "final_eval.json"), lambda f: f.write(json.dumps(result).encode()))
             self.writer.add_scalar("eval/final_return", result["mean"], self.global_step)
             final = f"; final policy {result['mean']:.2f} ± {result['std']:.2f} on {len(returns)} fixed episodes"
         self.close()

@@ -23,8 +23,10 @@ import torch
 import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from buffers import ReplayBuffer
 from runtime import ArgumentError, CheckpointError, check_args, load_checkpoint, periodic_seed, save_checkpoint
 from runtime.args import MultiAgentArgs, make_env
+from runtime.checkpoint import write_whole
 from runtime.evaluation import FINAL_SEED, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +126,24 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
         with pytest.raises(OSError, match=r"could not write .*\(No space left on device\).* is intact"):
             save_checkpoint(str(path), checkpoint(global_step=20))
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_a_full_disk_keeps_the_previous_replay_snapshot_and_a_killed_write_is_replaced(tmp_path):
+    path = str(tmp_path / "replay.npz")
+    rb = ReplayBuffer(4, 2, {"obs": ((3,), np.float32)})
+    rb.add(obs=np.ones((2, 3), np.float32))
+    write_whole(path, rb.save)
+    before = Path(path).read_bytes()
+    rb.add(obs=np.zeros((2, 3), np.float32))
+    with mock.patch("numpy.savez", side_effect=OSError(errno.ENOSPC, "No space left on device")):
+        with pytest.raises(OSError, match=r"could not write .*replay.npz \(No space left on device\).* is intact"):
+            write_whole(path, rb.save)
+    assert Path(path).read_bytes() == before and os.listdir(tmp_path) == ["replay.npz"]
+    Path(path + ".tmp").write_bytes(b"half")  # as a kill during a write leaves it
+    write_whole(path, rb.save)
+    back = ReplayBuffer(4, 2, {"obs": ((3,), np.float32)})
+    back.load(path)
+    assert os.listdir(tmp_path) == ["replay.npz"] and len(back) == 4 and (back.data["obs"] == rb.data["obs"]).all()
 
 
 def test_a_signal_during_a_save_waits_until_the_file_is_in_place(tmp_path):
