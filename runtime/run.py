@@ -324,12 +324,15 @@ class Run:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # from here on the run ends: a second Ctrl-C changes nothing
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.bar.close()
+        extra = {}
         if self.replay is not None and getattr(self.args, "save_buffer", True):
             # the buffer first: a last.pt that names its step is then never beside an older one
-            write_whole(os.path.join(self.dir, REPLAY_NAME), self.replay.save)
-            self.save("last.pt", replay_step=self.global_step)
-        else:
-            self.save("last.pt")
+            try:
+                write_whole(os.path.join(self.dir, REPLAY_NAME), self.replay.save)
+                extra = {"replay_step": self.global_step}
+            except OSError as e:  # the weights still go to last.pt: only the buffer's contents are lost
+                print(f"{e}. last.pt is written without it: --resume refills the replay buffer", flush=True)
+        self.save("last.pt", **extra)
         self.close(keep_signals_ignored=True)  # the process is ending: a second Ctrl-C must not cut its exit short
         raise RunStopped(f"stopped at step {self.global_step} ({signal.Signals(self.stop_signal).name}): saved "
                          f"{self.dir}/last.pt; continue with --resume {self.dir}")  # fmt: skip

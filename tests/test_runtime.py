@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -696,6 +697,35 @@ def test_a_run_stopped_and_resumed_learns_bit_for_bit_as_one_never_stopped(algo,
     for tag in tags:
         ref_after, run_after = ([(e.step, e.value) for e in acc.Scalars(tag) if e.step > stop] for acc in logged)
         assert ref_after and ref_after == run_after, tag
+
+
+def test_a_full_disk_at_a_stop_loses_the_replay_buffer_but_not_the_weights(tmp_path, capsys, monkeypatch):
+    """The replay buffer is the big file a stop writes (3 GB on rware-tiny-4ag): when it does not fit, last.pt
+    is written all the same, and --resume refills the buffer and says so."""
+    from script_runs import run_inline
+
+    import runtime.run
+
+    flags = ["--env-id", "simple_spread_v3", "--backend", "numba", "--num-envs", 2, "--total-timesteps", 400,
+             "--eval-interval", 0, "--final-eval-episodes", 0, *OFF_POLICY, "--run-dir", tmp_path]  # fmt: skip
+    real = runtime.run.Run.step
+
+    def stop_at_200(self, global_step, *a, **kw):
+        if global_step >= 200:
+            self.stop_signal = signal.SIGTERM
+        real(self, global_step, *a, **kw)
+
+    monkeypatch.setattr(runtime.run.Run, "step", stop_at_200)
+    monkeypatch.setattr(np, "savez", mock.Mock(side_effect=OSError(errno.ENOSPC, "No space left on device")))
+    code, out, err = run_inline(capsys, "iql", *flags, check=False)
+    monkeypatch.undo()
+    assert code == 130 and "Traceback" not in err, err[-2000:]
+    assert re.search(r"could not write \S*replay.npz \(No space left on device\).*--resume refills the replay", out)
+    assert weights(tmp_path / "last.pt")["global_step"] >= 200 and "replay_step" not in weights(tmp_path / "last.pt")
+    assert not list(tmp_path.glob("replay.npz*"))
+    _, out, _ = run_inline(capsys, "iql", "--resume", tmp_path)
+    assert "replay.npz does not exist: the replay buffer refills from scratch" in out
+    assert weights(tmp_path / "last.pt")["global_step"] == 400
 
 
 def test_a_resume_that_cannot_restore_the_envs_says_they_start_new_episodes(tmp_path, capsys, monkeypatch):
