@@ -10,8 +10,8 @@ A checkpoint is a dict that `torch.load(..., weights_only=True)` accepts:
 
 Writes are atomic and durable (temporary file, fsync, rename, fsync of the directory: `write_whole`, which the run
 also writes its final_eval.json and replay.npz with), refuse non-finite weights, and hold off SIGINT/SIGTERM until
-the file is in place, so a second Ctrl-C cannot cut a write short. Loads check the
-algorithm, env, signature and the network-shaping flags, and name whatever differs, in one line.
+the file is in place, so a second Ctrl-C cannot cut a write short. Loads check the algorithm, env, signature and the
+network-shaping flags, and name whatever differs, in one line.
 """
 
 from __future__ import annotations
