@@ -662,6 +662,21 @@ EXACT_RESUME |= {a: OFF_POLICY for a in ("maddpg", "matd3", "iddpg", "isac", "ma
                                          "qtran", "dcg")}  # fmt: skip
 
 
+def stop_at(monkeypatch, step):
+    """Make runs stop from ``step`` on, as SIGTERM's handler would (mid-episode); returns the real ``Run.step``."""
+    import runtime.run
+
+    real = runtime.run.Run.step
+
+    def step_then_stop(self, global_step, *a, **kw):
+        if global_step >= step:
+            self.stop_signal = signal.SIGTERM
+        real(self, global_step, *a, **kw)
+
+    monkeypatch.setattr(runtime.run.Run, "step", step_then_stop)
+    return real
+
+
 @pytest.mark.parametrize("algo", sorted(EXACT_RESUME))
 def test_a_run_stopped_and_resumed_learns_bit_for_bit_as_one_never_stopped(algo, tmp_path, capsys, monkeypatch):
     """On the Numba MPE (an env that saves its state), a stop mid-episode and a --resume go on with the same episodes,
@@ -673,14 +688,7 @@ def test_a_run_stopped_and_resumed_learns_bit_for_bit_as_one_never_stopped(algo,
     flags = ["--env-id", "simple_spread_v3", "--backend", "numba", "--num-envs", 2, "--total-timesteps", 600,
              "--eval-interval", 0, "--final-eval-episodes", 2, *EXACT_RESUME[algo]]  # fmt: skip
     run_inline(capsys, algo, *flags, "--run-dir", tmp_path / "ref")
-    real = runtime.run.Run.step
-
-    def stop_at_310(self, global_step, *a, **kw):  # as SIGTERM's handler would, mid-episode (25 steps, 2 envs)
-        if global_step >= 310:
-            self.stop_signal = signal.SIGTERM
-        real(self, global_step, *a, **kw)
-
-    monkeypatch.setattr(runtime.run.Run, "step", stop_at_310)
+    real = stop_at(monkeypatch, 310)  # mid-episode (25 steps, 2 envs)
     code, _, _ = run_inline(capsys, algo, *flags, "--run-dir", tmp_path / "run", check=False)
     monkeypatch.setattr(runtime.run.Run, "step", real)
     stop = weights(tmp_path / "run" / "last.pt")["global_step"]
@@ -704,18 +712,9 @@ def test_a_full_disk_at_a_stop_loses_the_replay_buffer_but_not_the_weights(tmp_p
     is written all the same, and --resume refills the buffer and says so."""
     from script_runs import run_inline
 
-    import runtime.run
-
     flags = ["--env-id", "simple_spread_v3", "--backend", "numba", "--num-envs", 2, "--total-timesteps", 400,
              "--eval-interval", 0, "--final-eval-episodes", 0, *OFF_POLICY, "--run-dir", tmp_path]  # fmt: skip
-    real = runtime.run.Run.step
-
-    def stop_at_200(self, global_step, *a, **kw):
-        if global_step >= 200:
-            self.stop_signal = signal.SIGTERM
-        real(self, global_step, *a, **kw)
-
-    monkeypatch.setattr(runtime.run.Run, "step", stop_at_200)
+    stop_at(monkeypatch, 200)
     monkeypatch.setattr(np, "savez", mock.Mock(side_effect=OSError(errno.ENOSPC, "No space left on device")))
     code, out, err = run_inline(capsys, "iql", *flags, check=False)
     monkeypatch.undo()
@@ -737,14 +736,7 @@ def test_a_resume_that_cannot_restore_the_envs_says_they_start_new_episodes(tmp_
 
     flags = ["--backend", "pettingzoo", "--num-envs", 2, "--num-steps", 25, "--total-timesteps", 200,
              "--eval-interval", 0, "--final-eval-episodes", 0, "--run-dir", tmp_path]  # fmt: skip
-    real = runtime.run.Run.step
-
-    def stop_at_100(self, global_step, *a, **kw):
-        if global_step >= 100:
-            self.stop_signal = signal.SIGTERM
-        real(self, global_step, *a, **kw)
-
-    monkeypatch.setattr(runtime.run.Run, "step", stop_at_100)
+    real = stop_at(monkeypatch, 100)
     assert run_inline(capsys, "mappo", *flags, check=False)[0] == 130
     monkeypatch.setattr(runtime.run.Run, "step", real)
     seeds, reset = [], SyncVecEnv.reset
