@@ -24,6 +24,7 @@ from envs.registry import (
     UnknownEnvError,
     env_factory,
     known_ids,
+    lookup,
     make,
 )
 from envs.subproc import EnvWorkerError, SubprocVecEnv
@@ -44,6 +45,7 @@ __all__ = [
     "VecEnv",
     "env_factory",
     "known_ids",
+    "lookup",
     "make",
     "make_gym",
     "record_episode",

@@ -3,7 +3,9 @@
 A task name reads as lbforaging registers its ids (without the `-v3`): `Foraging[-2s]-<S>x<S>-<P>p-<F>f[-coop]`,
 a field of S x S cells, P players of level 1 or 2, F foods whose level is at most the sum of the three lowest
 player levels (`-coop`: exactly that, so that every food needs every player), sight 2 with `-2s` (else the whole
-field), 50 steps. lbforaging registers at most 4 foods; the same formula builds the benchmark's `-5f` tasks.
+field), 50 steps. Any such name in lbforaging's registered range is a task here (fields of 5 x 5 to 19 x 19,
+2 to 9 players, 1 to 4 foods), and up to 5 foods: lbforaging registers at most 4, and the same formula builds the
+benchmark's `-5f` tasks. `TASKS` are the benchmark's, the ones with published rows.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import re
 from envs.gym_multiagent import TupleParallelEnv
 
 TASK = re.compile(r"Foraging(?P<po>-2s)?-(?P<size>\d+)x(?P=size)-(?P<players>\d+)p-(?P<foods>\d+)f(?P<coop>-coop)?")
+SIZES, PLAYERS, FOODS = range(5, 20), range(2, 10), range(1, 6)  # lbforaging's registered range, and 5 foods
+GRAMMAR = "Foraging[-2s]-<S>x<S>-<P>p-<F>f[-coop] with S 5-19, P 2-9, F 1-5"
 # the EPyMARL benchmark's tasks (Papoudakis et al. 2021)
 TASKS = (
     "Foraging-8x8-2p-2f-coop",
@@ -30,15 +34,18 @@ def task_kwargs(task: str) -> dict:
     match = TASK.fullmatch(task)
     if match is None:
         raise ValueError(f"{task!r} is not a Level-Based Foraging task name such as Foraging-2s-8x8-2p-2f-coop")
-    size = int(match["size"])
+    size, players, foods = int(match["size"]), int(match["players"]), int(match["foods"])
+    if size not in SIZES or players not in PLAYERS or foods not in FOODS:
+        raise ValueError(f"{task!r} is outside the Level-Based Foraging tasks here: {GRAMMAR} (lbforaging's "
+                         "registered range, and 5 foods for the benchmark's -5f tasks)")  # fmt: skip
     return dict(
-        players=int(match["players"]),
+        players=players,
         min_player_level=1,
         max_player_level=2,
         field_size=(size, size),
         min_food_level=1,
         max_food_level=None,
-        max_num_food=int(match["foods"]),
+        max_num_food=foods,
         sight=2 if match["po"] else size,
         force_coop=bool(match["coop"]),
         grid_observation=False,

@@ -10,8 +10,10 @@ import path:
 * PettingZoo Butterfly: `cooperative_pong_v6`, `knights_archers_zombies_v11`, `pistonball_v6`
   (the last needs `pymunk`; an id whose package is missing fails with an `EnvNotAvailableError`).
 * Level-Based Foraging (`lbforaging`) and the Multi-Robot Warehouse (`rware`), Gymnasium multi-agent
-  packages, by the EPyMARL benchmark's task names: `Foraging-2s-8x8-2p-2f-coop`, ..., `rware-tiny-2ag`, ...
-  (envs/foraging.py, envs/warehouse.py; `max_cycles` passes through). Their time limit is a truncation.
+  packages, by the EPyMARL benchmark's task names: `Foraging-2s-8x8-2p-2f-coop`, ..., `rware-tiny-2ag`, ...,
+  and any other task the packages register, by its id without the version (`Foraging-5x5-2p-1f`,
+  `rware-medium-6ag-hard`: envs/foraging.py, envs/warehouse.py; `max_cycles` passes through). Their time limit
+  is a truncation.
 * Cooperative matrix games (envs/matrix_games.py): `matrix_qtran`, `matrix_climbing`, `matrix_penalty`
   (`episode_length` for the repeated game, `k` for the penalty game's penalty).
 * `"package.module:function"`: any function returning a PettingZoo `ParallelEnv` (an AEC env is
@@ -100,15 +102,38 @@ REGISTRY: dict[str, EnvEntry] = {
 }
 
 
+# families whose module builds any task of its package by name, beyond the registered ones (the benchmark's)
+_TASK_FAMILIES = {"lbf": foraging, "rware": warehouse}
+
+
 def known_ids() -> list[str]:
-    """Every registered env id, grouped by family (MPE, MAgent2, Butterfly, LBF, RWARE)."""
+    """Every registered env id, grouped by family (MPE, MAgent2, Butterfly, LBF, RWARE); `lookup` also takes any
+    other LBF and RWARE task by name."""
     return list(REGISTRY)
+
+
+def lookup(env_id: str) -> EnvEntry | None:
+    """How to build `env_id`: its registered entry, or an LBF or RWARE task outside the benchmark's named by the
+    package's grammar; None for any other id. An LBF or RWARE name the package does not build raises
+    `UnknownEnvError` saying what it does build."""
+    if env_id in REGISTRY:
+        return REGISTRY[env_id]
+    for family, module in _TASK_FAMILIES.items():
+        if module.TASK.fullmatch(env_id):
+            try:
+                module.task_kwargs(env_id)
+            except ValueError as err:
+                raise UnknownEnvError(str(err)) from None
+            return EnvEntry(family, module.__name__, state_from_obs=True, task=env_id)
+    return None
 
 
 def _unknown_id_message(env_id: str) -> str:
     by_family: dict[str, list[str]] = {}
     for name, entry in REGISTRY.items():
         by_family.setdefault(entry.family, []).append(name)
+    for family, module in _TASK_FAMILIES.items():
+        by_family[family].append(f"or any {module.GRAMMAR}")
     lines = [f"unknown env id {env_id!r}. Known ids:"]
     lines += [f"  {family}: {', '.join(names)}" for family, names in by_family.items()]
     lines.append('  or any PettingZoo parallel env as "package.module:function", e.g. "mpe2.simple_v3:parallel_env"')
@@ -155,7 +180,7 @@ def build_parallel_env(env_id: str, **env_kwargs):
     """
     if ":" in env_id:
         return _build_from_path(env_id, env_kwargs)
-    entry = REGISTRY.get(env_id)
+    entry = lookup(env_id)
     if entry is None:
         raise UnknownEnvError(_unknown_id_message(env_id))
     module = _import_env_module(entry.module, env_id)
@@ -249,8 +274,9 @@ def make(
 def _make(env_id, num_envs, seed, vector, backend, num_workers, **env_kwargs) -> VecEnv:
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    magent = env_id in REGISTRY and REGISTRY[env_id].family == "magent"
-    family = REGISTRY[env_id].family if env_id in REGISTRY else None
+    entry = None if ":" in env_id else lookup(env_id)
+    family = entry.family if entry is not None else None
+    magent = family == "magent"
     if backend == "auto":
         ported = env_id in _numba_ids() or family in ("lbf", "rware")
         backend = "numba" if ported else "native" if magent else "pettingzoo"
@@ -270,9 +296,8 @@ def _make(env_id, num_envs, seed, vector, backend, num_workers, **env_kwargs) ->
     if vector not in ("sync", "subproc"):
         raise ValueError(f"unknown vector mode {vector!r}: use 'sync' or 'subproc'")
     # Fail on a bad id before doing any work, with the same message for both vector modes.
-    if ":" not in env_id and env_id not in REGISTRY:
+    if ":" not in env_id and entry is None:
         raise UnknownEnvError(_unknown_id_message(env_id))
-    entry = REGISTRY.get(env_id)
     state_from_obs = entry.state_from_obs if entry is not None else False
     factory = env_factory(env_id, **env_kwargs)
     runner = None

@@ -2,13 +2,18 @@
 
 A task is rware's registered id without the `-v2`: `rware-<size>-<N>ag[-easy|-hard]` with its arguments (8-cell
 columns, sensor range 1, no messages, a request queue of N x the difficulty, individual rewards of 1 per delivery),
-and 500 steps. Every episode of these tasks ends at the time limit: a truncation.
+and 500 steps. Every episode of these tasks ends at the time limit: a truncation. Any id rware registers is a
+task here (`GRAMMAR`); `TASKS` are the EPyMARL benchmark's, the ones with published rows.
 """
 
 from __future__ import annotations
 
+import re
+
 from envs.gym_multiagent import TupleParallelEnv
 
+TASK = re.compile(r"rware-(tiny|small|medium|large)-\d+ag(-easy|-hard)?")
+GRAMMAR = "rware-<tiny|small|medium|large>-<N>ag[-easy|-hard] with N 1-19"
 TASKS = ("rware-tiny-2ag", "rware-tiny-4ag", "rware-small-4ag")
 
 
@@ -17,10 +22,12 @@ def task_kwargs(task: str) -> dict:
     import gymnasium
     import rware  # noqa: F401  (registers the ids)
 
+    if TASK.fullmatch(task) is None:
+        raise ValueError(f"{task!r} is not a Multi-Robot Warehouse task name such as rware-tiny-2ag")
     try:
         return dict(gymnasium.spec(f"{task}-v2").kwargs)
     except gymnasium.error.Error:
-        raise ValueError(f"{task!r} is not a Multi-Robot Warehouse task name such as rware-tiny-2ag") from None
+        raise ValueError(f"{task!r} is not a task rware 2.0.0 registers: {GRAMMAR}") from None
 
 
 def parallel_env(task: str, max_cycles: int = 500, render_mode: str | None = None) -> TupleParallelEnv:

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs  # noqa: E402
-from envs.registry import REGISTRY  # noqa: E402
+from envs import lookup  # noqa: E402
 from runtime.args import checkpoint_args, env_kwargs  # noqa: E402
 from runtime.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from runtime.evaluation import FINAL_SEED, evaluate  # noqa: E402
@@ -78,7 +78,7 @@ def probe(path: str, episodes: int, backend: str) -> dict:
     counts = {g: np.zeros(spec.action_dim, np.int64) for g, spec in specs.items()}
     team = load_team(path, env_id, specs, torch.device("cpu"), greedy=True, ckpt=ckpt)
     returns, _ = evaluate(make_env, counting(team, counts), episodes, FINAL_SEED)
-    family = REGISTRY[env_id].family if env_id in REGISTRY else None
+    family = entry.family if (entry := lookup(env_id)) is not None else None
     names = ACTION_NAMES.get(family)
     shares = {
         g: {

@@ -127,12 +127,13 @@ def acting(agent: EPyMARLAgent, last_action: bool, agent_id: bool):
 
 def package_key(env_id: str) -> tuple[str, int]:
     """EPyMARL's env key of a task (the package's registered id) and its time limit; a ValueError for other envs."""
-    from envs.registry import REGISTRY
+    from envs.registry import REGISTRY, lookup
 
-    entry = REGISTRY.get(env_id)
+    entry = lookup(env_id)
     if entry is None or entry.family not in PACKAGE_IDS:
         tasks = ", ".join(name for name, e in REGISTRY.items() if e.family in PACKAGE_IDS)
-        raise ValueError(f"{env_id!r} is not a task of the EPyMARL benchmark here; use one of: {tasks}")
+        raise ValueError(f"{env_id!r} is not a Level-Based Foraging or Multi-Robot Warehouse task; the benchmark's: "
+                         f"{tasks}")  # fmt: skip
     key, limit = PACKAGE_IDS[entry.family]
     return key.format(env_id), limit
 

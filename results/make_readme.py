@@ -396,9 +396,9 @@ BENCHMARK_FAMILIES = {"lbf": "players", "rware": "n_agents"}
 def team_size(env_id: str) -> int | None:
     """The number of agents of an EPyMARL benchmark task (Level-Based Foraging, the Multi-Robot Warehouse); None for
     any other env."""
-    from envs.registry import REGISTRY
+    from envs import lookup
 
-    entry = REGISTRY.get(env_id)
+    entry = lookup(env_id)
     if entry is None or entry.family not in BENCHMARK_FAMILIES:
         return None
     return int(importlib.import_module(entry.module).task_kwargs(entry.task)[BENCHMARK_FAMILIES[entry.family]])

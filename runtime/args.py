@@ -221,11 +221,9 @@ def uncompiled_kernels(env_id: str, root: str | None = None) -> list[str]:
     hold yet: a fresh install's first run. [] where the cache is elsewhere (NUMBA_CACHE_DIR): it cannot tell."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return []
-    from envs.registry import REGISTRY
-
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     modules = {"buffers/kernels.py": "the buffers"}
-    if env_id in REGISTRY and REGISTRY[env_id].family == "mpe":
+    if (entry := envs.lookup(env_id)) is not None and entry.family == "mpe":
         modules["envs/mpe/kernels.py"] = "the MPE physics"
     cold = []
     for module, name in modules.items():
@@ -270,12 +268,10 @@ def make_eval_env(args, num_envs, seed):
     """The standard env of evaluation protocol v2, in this process: PettingZoo's, stepped through its engine for
     MAgent2 ids (backend 'native', equal to it bit for bit and ~2.6x faster; tests/test_magent_native.py); a
     single-agent script's (RunArgs without the multi-agent flags) Gymnasium env."""
-    from envs.registry import REGISTRY
-
     if not isinstance(args, MultiAgentArgs):
         return make_gym_env(args, num_envs, seed)
 
-    magent = args.env_id in REGISTRY and REGISTRY[args.env_id].family == "magent"
+    magent = (entry := envs.lookup(args.env_id)) is not None and entry.family == "magent"
     return make_env(args, num_envs, seed, "native" if magent else "pettingzoo", "sync")
 
 

@@ -85,7 +85,8 @@ def test_the_agents_inputs_are_epymarls_observation_last_action_and_id_and_reset
 def test_the_benchmark_tasks_map_to_epymarls_env_keys_and_other_envs_are_refused():
     assert epymarl_peer.package_key("Foraging-2s-8x8-2p-2f-coop") == ("lbforaging:Foraging-2s-8x8-2p-2f-coop-v3", 50)
     assert epymarl_peer.package_key("rware-tiny-4ag") == ("rware:rware-tiny-4ag-v2", 500)
-    with pytest.raises(ValueError, match="'simple_spread_v3' is not a task of the EPyMARL benchmark here.*rware-tiny"):
+    assert epymarl_peer.package_key("Foraging-5x5-2p-1f") == ("lbforaging:Foraging-5x5-2p-1f-v3", 50)  # any task
+    with pytest.raises(ValueError, match="'simple_spread_v3' is not a Level-Based Foraging or .*rware-tiny"):
         epymarl_peer.package_key("simple_spread_v3")
 
 
@@ -99,7 +100,7 @@ def test_sacreds_metrics_are_read_as_logged():
 @pytest.mark.parametrize(
     "flags, says",
     [
-        (["--env-id", "simple_spread_v3"], "is not a task of the EPyMARL benchmark here"),
+        (["--env-id", "simple_spread_v3"], "is not a Level-Based Foraging or Multi-Robot Warehouse task"),
         (["--env-id", "rware-tiny-2ag", "--epymarl", "/nonexistent"], "no src/main.py there"),
         (["--env-id", "rware-tiny-2ag", "--python", "/nonexistent/python"], "not an executable interpreter"),
         (["--env-id", "rware-tiny-2ag", "--seeds", "0"], "a count N needs N >= 1"),

@@ -11,6 +11,7 @@ from envs.foraging import TASKS, task_kwargs
 from envs.foraging_numba import ForagingVecEnv
 
 EXTRA = ["Foraging-8x8-4p-4f", "Foraging-2s-12x12-5p-4f-coop"]  # crowded: collisions and shared loads
+EXTRA += ["Foraging-5x5-2p-1f", "Foraging-2s-19x19-9p-4f-coop"]  # the ends of the range of tasks built by name
 
 
 def package(task, max_cycles=50):
@@ -78,7 +79,9 @@ def _starts(make_reset, n):
     return cells, foods, levels, food_levels, counts
 
 
-@pytest.mark.parametrize("task", ["Foraging-8x8-2p-2f-coop", "Foraging-10x10-3p-3f", "Foraging-15x15-4p-5f"])
+@pytest.mark.parametrize(
+    "task", ["Foraging-8x8-2p-2f-coop", "Foraging-10x10-3p-3f", "Foraging-15x15-4p-5f", "Foraging-5x5-2p-1f"]
+)
 def test_start_states_come_from_the_packages_distribution(task):
     ref = package(task)
     ref.reset(seed=0)

@@ -1,6 +1,8 @@
 """Level-Based Foraging and the Multi-Robot Warehouse behind our interface (envs/gym_multiagent.py, foraging.py,
 warehouse.py): the benchmark's tasks build, each step is the package's own, the time limit is a truncation."""
 
+import re
+
 import gymnasium
 import numpy as np
 import pytest
@@ -85,6 +87,43 @@ def test_an_argument_the_task_does_not_take_is_refused_by_name_and_max_cycles_pa
     assert build_parallel_env("rware-tiny-2ag", max_cycles=7).env.max_steps == 7
     with pytest.raises(ValueError, match="not a Level-Based Foraging task name"):
         foraging.task_kwargs("Foraging-8x9-2p-2f")
+
+
+def test_our_formula_builds_every_foraging_task_lbforaging_registers_with_its_arguments():
+    import lbforaging  # noqa: F401  (registers the ids)
+
+    registered = [s for s in gymnasium.registry.values() if s.id.startswith("Foraging") and "grid" not in s.id]
+    assert len(registered) == 15 * 8 * 4 * 2 * 2  # sizes 5-19, 2-9 players, 1-4 foods, -coop, -2s
+    for spec in registered:
+        task = spec.id.removesuffix("-v3")
+        assert {**foraging.task_kwargs(task), "max_episode_steps": 50} == spec.kwargs, task
+        assert envs.lookup(task).family == "lbf"
+
+
+@pytest.mark.parametrize("task", ["Foraging-5x5-2p-1f", "Foraging-2s-19x19-9p-4f-coop", "rware-medium-1ag",
+                                  "rware-large-19ag-easy"])  # fmt: skip
+def test_a_task_outside_the_benchmarks_builds_by_name_on_the_port_and_the_package_alike(task):
+    ported, package = envs.make(task, 2, 0, backend="auto"), envs.make(task, 2, 0, backend="pettingzoo")
+    assert type(ported).__module__ in ("envs.foraging_numba", "envs.warehouse_numba")
+    assert ported.groups == package.groups and ported.state_shape == package.state_shape
+    ported.close(), package.close()
+
+
+@pytest.mark.parametrize(
+    "task, says",
+    [
+        ("Foraging-4x4-2p-1f", r"'Foraging-4x4-2p-1f' is outside .* with S 5-19, P 2-9, F 1-5"),
+        ("Foraging-8x8-2p-6f", r"with S 5-19, P 2-9, F 1-5"),
+        ("Foraging-8x8-10p-2f", r"with S 5-19, P 2-9, F 1-5"),
+        ("rware-tiny-20ag", r"'rware-tiny-20ag' is not a task rware 2.0.0 registers: .* with N 1-19"),
+        ("rware-huge-2ag", r"unknown env id 'rware-huge-2ag'(.|\n)*or any rware-<tiny\|small\|medium\|large>"),
+    ],
+)
+def test_a_task_the_packages_do_not_build_is_refused_with_the_range_they_do(task, says, tmp_path, capsys):
+    with pytest.raises(envs.UnknownEnvError, match=says):
+        envs.make(task, 1, 0)
+    code, _, err = run_inline(capsys, "iql", "--env-id", task, "--run-dir", tmp_path, check=False)
+    assert code == 2 and "Traceback" not in err and re.search(says, err)
 
 
 @pytest.mark.parametrize("algo", ["ippo", "qmix"])

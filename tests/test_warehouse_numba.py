@@ -10,6 +10,7 @@ from envs.warehouse import TASKS, task_kwargs
 from envs.warehouse_numba import WarehouseVecEnv, _pyset_order, _tuple_hash
 
 EXTRA = ["rware-tiny-8ag", "rware-small-12ag-hard"]  # crowded: chains, cycles and ties everywhere
+EXTRA += ["rware-medium-1ag", "rware-large-19ag-easy"]  # the ends of the range of tasks built by name
 
 
 def package(task, max_cycles=500):
