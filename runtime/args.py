@@ -206,7 +206,7 @@ def setup(args):
         warnings.warn("NUMBA_DISABLE_JIT is set: the compiled kernels (Numba MPE, GAE, the GRU, acting) run as plain "
                       "Python, with the same results, many times slower; unset it for speed", stacklevel=2)  # fmt: skip
     elif cold := uncompiled_kernels(getattr(args, "env_id", "")):
-        when = "about a minute on 2 cores before the first step; later runs load them from Numba's cache"
+        when = "up to a minute on 2 cores before the first step; later runs load them from Numba's cache"
         print(f"compiling the Numba kernels of {', '.join(cold)} once for this install: {when}", flush=True)
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
@@ -223,8 +223,11 @@ def uncompiled_kernels(env_id: str, root: str | None = None) -> list[str]:
         return []
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     modules = {"buffers/kernels.py": "the buffers"}
-    if (entry := envs.lookup(env_id)) is not None and entry.family == "mpe":
-        modules["envs/mpe/kernels.py"] = "the MPE physics"
+    family = entry.family if (entry := envs.lookup(env_id)) is not None else None
+    ports = {"mpe": ("envs/mpe/kernels.py", "the MPE physics"), "lbf": ("envs/foraging_numba.py", "the LBF port"),
+             "rware": ("envs/warehouse_numba.py", "the RWARE port")}  # fmt: skip
+    if family in ports:
+        modules[ports[family][0]] = ports[family][1]
     cold = []
     for module, name in modules.items():
         folder, stem = os.path.split(os.path.join(root, module))

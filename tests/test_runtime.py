@@ -611,6 +611,11 @@ def test_a_fresh_install_is_told_that_the_kernels_compile_once_and_a_warm_one_is
         (tmp_path / module / "__pycache__").mkdir(parents=True)
     assert uncompiled_kernels("simple_spread_v3", str(tmp_path)) == ["the buffers", "the MPE physics"]
     assert uncompiled_kernels("battle_v4", str(tmp_path)) == ["the buffers"]
+    assert uncompiled_kernels("Foraging-5x5-2p-1f", str(tmp_path)) == ["the buffers", "the LBF port"]
+    assert uncompiled_kernels("rware-tiny-2ag", str(tmp_path)) == ["the buffers", "the RWARE port"]
+    (tmp_path / "envs" / "__pycache__").mkdir()
+    (tmp_path / "envs" / "__pycache__" / "foraging_numba.step_envs-245.py311.nbi").touch()
+    assert uncompiled_kernels("Foraging-5x5-2p-1f", str(tmp_path)) == ["the buffers"]
     (tmp_path / "buffers" / "__pycache__" / "kernels._gae-18.py311.nbi").touch()
     (tmp_path / "envs" / "mpe" / "__pycache__" / "kernels.step_envs-9.py311.nbi").touch()
     assert uncompiled_kernels("simple_spread_v3", str(tmp_path)) == []
