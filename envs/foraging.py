@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
+from envs import grid_render as draw
 from envs.gym_multiagent import TupleParallelEnv
 
 TASK = re.compile(r"Foraging(?P<po>-2s)?-(?P<size>\d+)x(?P=size)-(?P<players>\d+)p-(?P<foods>\d+)f(?P<coop>-coop)?")
@@ -53,9 +56,21 @@ def task_kwargs(task: str) -> dict:
     )
 
 
+def frame(env) -> np.ndarray:
+    """A picture of a lbforaging env's state: foods green with their level, players coloured with theirs."""
+    picture = draw.canvas(*env.field.shape)
+    for row, col in zip(*np.nonzero(env.field), strict=True):
+        draw.square(picture, row, col, draw.FOOD)
+        draw.number(picture, row, col, env.field[row, col])
+    for i, player in enumerate(env.players):
+        draw.disc(picture, *player.position, draw.PALETTE[i % len(draw.PALETTE)])
+        draw.number(picture, *player.position, player.level)
+    return picture
+
+
 def parallel_env(task: str, max_cycles: int = 50, render_mode: str | None = None) -> TupleParallelEnv:
     """One LBF env; an episode terminates when every food is collected and is truncated at `max_cycles`."""
     from lbforaging.foraging.environment import ForagingEnv
 
     env = ForagingEnv(**task_kwargs(task), max_episode_steps=max_cycles)
-    return TupleParallelEnv(env, max_cycles, lambda e: e.field.sum() == 0, task, render_mode)
+    return TupleParallelEnv(env, max_cycles, lambda e: e.field.sum() == 0, task, render_mode, frame)

@@ -25,14 +25,17 @@ class TupleParallelEnv(ParallelEnv):
         env: the Gymnasium env (not wrapped by `gymnasium.make`: its checks cost more than LBF's step).
         max_cycles: the env's time limit, as our other families name it.
         terminal: `terminal(env) -> bool`, whether an episode that ended did so by the task's own end.
-        name: what `render()` and error messages call the env.
+        name: what error messages call the env.
+        frame: `frame(env) -> (H, W, 3) uint8`, a picture of the env's state (`render_mode="rgb_array"`); the
+            packages' own renderers open a pyglet window, which a run without a display cannot.
     """
 
-    metadata = {"name": "gym_multiagent", "render_modes": [], "is_parallelizable": True}
+    metadata = {"name": "gym_multiagent", "render_modes": ["rgb_array"], "is_parallelizable": True, "render_fps": 5}
 
-    def __init__(self, env, max_cycles: int, terminal: Callable, name: str, render_mode: str | None = None):
+    def __init__(self, env, max_cycles: int, terminal: Callable, name: str, render_mode: str | None = None,
+                 frame: Callable | None = None):  # fmt: skip
         self.env, self.max_cycles, self.terminal, self.name = env, int(max_cycles), terminal, name
-        self.render_mode = render_mode
+        self.render_mode, self.frame = render_mode, frame
         n = len(env.action_space)
         self.possible_agents = [f"agent_{i}" for i in range(n)]
         self.agents: list[str] = []
@@ -67,8 +70,9 @@ class TupleParallelEnv(ParallelEnv):
         )
 
     def render(self):
-        why = "renders through a pyglet window only, which this interface does not open: leave out --capture-video"
-        raise NotImplementedError(f"{self.name} {why}")
+        if self.frame is None:
+            raise NotImplementedError(f"{self.name} has no picture here: leave out --capture-video")
+        return self.frame(self.env) if self.render_mode == "rgb_array" else None
 
     def close(self):
         self.env.close()

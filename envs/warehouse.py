@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
+from envs import grid_render as draw
 from envs.gym_multiagent import TupleParallelEnv
 
 TASK = re.compile(r"rware-(tiny|small|medium|large)-\d+ag(-easy|-hard)?")
@@ -30,9 +33,28 @@ def task_kwargs(task: str) -> dict:
         raise ValueError(f"{task!r} is not a task rware 2.0.0 registers: {GRAMMAR}") from None
 
 
+HEADINGS = {0: (-1, 0), 1: (1, 0), 2: (0, -1), 3: (0, 1)}  # rware's Direction (UP, DOWN, LEFT, RIGHT) as (drow, dcol)
+
+
+def frame(env) -> np.ndarray:
+    """A picture of a rware env's state, coloured as rware draws it: goals dark, shelves slate blue (requested ones
+    teal), robots numbered from 1, orange when loaded, with a line to where they face."""
+    picture = draw.canvas(*env.grid_size)
+    for x, y in env.goals:
+        draw.square(picture, y, x, draw.GOAL, pad=0)
+    requested = {id(shelf) for shelf in env.request_queue}
+    for shelf in env.shelfs:
+        draw.square(picture, shelf.y, shelf.x, draw.REQUESTED if id(shelf) in requested else draw.SHELF)
+    for i, robot in enumerate(env.agents):
+        draw.disc(picture, robot.y, robot.x, draw.LOADED if robot.carrying_shelf else draw.PALETTE[0])
+        draw.number(picture, robot.y, robot.x, i + 1)
+        draw.arrow(picture, robot.y, robot.x, HEADINGS[robot.dir.value])
+    return picture
+
+
 def parallel_env(task: str, max_cycles: int = 500, render_mode: str | None = None) -> TupleParallelEnv:
     """One RWARE env; an episode is truncated at `max_cycles` (rware's max_inactivity_steps stays off)."""
     from rware.warehouse import Warehouse
 
     env = Warehouse(**{**task_kwargs(task), "max_steps": max_cycles})
-    return TupleParallelEnv(env, max_cycles, lambda e: False, task, render_mode)
+    return TupleParallelEnv(env, max_cycles, lambda e: False, task, render_mode, frame)

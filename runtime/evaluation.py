@@ -85,6 +85,23 @@ def evaluate(make_env, make_greedy, episodes: int, seed: int, stop=None):
     return np.concatenate(returns), {k: np.concatenate(v) for k, v in groups.items()}
 
 
+def check_filmable(args) -> None:
+    """--capture-video: a ValueError before any training where the env has no picture (a matrix game, an env of
+    one's own whose render() returns nothing), not a crash at the first evaluation. Draws one frame of a multi-agent
+    env's first episode."""
+    if not args.capture_video or not hasattr(args, "env_kwargs"):  # Gymnasium's envs: gym.make says it
+        return
+    env = envs.make(args.env_id, 1, 0, vector="sync", backend="pettingzoo", **{"render_mode": "rgb_array",
+                                                                              **env_kwargs(args)})  # fmt: skip
+    try:
+        env.reset()
+        env.render(0)
+    except NotImplementedError as e:
+        raise ValueError(str(e)) from None
+    finally:
+        env.close()
+
+
 def record(args, make_greedy, path: str, seed: int):
     """Film one greedy episode (env seeded `seed`) to the mp4 `path`; returns its frames (T, H, W, 3) or None."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -36,7 +36,15 @@ from runtime.args import env_signature
 from runtime.args import make_eval_env as standard_eval_env
 from runtime.checkpoint import flag, load_checkpoint, pack, restore, rng_state, save_checkpoint, unpack, write_whole
 from runtime.checks import CheckpointPlayed, RunStopped
-from runtime.evaluation import FINAL_SEED, add_video, evaluate, evaluate_checkpoint, periodic_seed, record
+from runtime.evaluation import (
+    FINAL_SEED,
+    add_video,
+    check_filmable,
+    evaluate,
+    evaluate_checkpoint,
+    periodic_seed,
+    record,
+)
 from runtime.opponents import load_actor, self_play_source
 
 REPLAY_NAME = "replay.npz"
@@ -86,6 +94,7 @@ class Run:
         self.args, self.algo, self.nets, self.optimizers, self.rng = args, algo, nets, optimizers, rng
         self.make_greedy, self.replay, self.replay_restored, self.env = make_greedy, replay, False, env
         self.make_eval_env = make_eval_env or (lambda n, seed: standard_eval_env(args, n, seed))
+        check_filmable(args)
         if args.eval_checkpoint:  # play that checkpoint instead of training: nothing is written
             evaluate_checkpoint(args, algo, env, nets, self.make_eval_env, make_greedy, network_flags)
             raise CheckpointPlayed(args.eval_checkpoint)

@@ -134,3 +134,70 @@ def test_a_script_trains_on_foraging_and_evaluates_on_the_package(algo, tmp_path
         flags += ["--learning-starts", 100, "--batch-size", 4]
     _, out, _ = run_inline(capsys, algo, *flags)
     assert "done: 400 steps" in out and (tmp_path / "final_eval.json").exists()
+
+
+def _colours(frame, rows, cols, inner):
+    """The colour of every cell of a grid frame at the pixel `inner` of the cell (inside its lines)."""
+    from envs.grid_render import CELL
+
+    return {(r, c): tuple(int(x) for x in frame[r * CELL + 1 + inner[0], c * CELL + 1 + inner[1]])
+            for r in range(rows) for c in range(cols)}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_foraging_frame_draws_every_food_and_player_where_the_package_has_them(seed):
+    from envs import grid_render as draw
+
+    env = build_parallel_env("Foraging-2s-10x10-3p-3f")
+    env.reset(seed=seed)
+    for _ in range(seed * 5):
+        env.step({a: int(env.action_space(a).sample()) for a in env.agents})
+    frame, lbf = env.render(), env.env
+    assert frame.shape == (10 * draw.CELL + 1, 10 * draw.CELL + 1, 3) and frame.dtype == np.uint8
+    expected = {(r, c): draw.WHITE for r in range(10) for c in range(10)}
+    expected |= {(int(r), int(c)): draw.FOOD for r, c in zip(*np.nonzero(lbf.field), strict=True)}
+    players = {tuple(int(x) for x in p.position): draw.PALETTE[i] for i, p in enumerate(lbf.players)}
+    corners, tops = _colours(frame, 10, 10, (2, 2)), _colours(frame, 10, 10, (5, 5))  # a food's square, a disc
+    assert {cell: tops[cell] if cell in players else corners[cell] for cell in expected} == expected | players
+
+
+@pytest.mark.parametrize("task", ["rware-tiny-4ag", "rware-small-4ag"])
+def test_a_warehouse_frame_draws_goals_shelves_requests_and_robots_where_the_package_has_them(task):
+    from envs import grid_render as draw
+
+    env = build_parallel_env(task)
+    env.reset(seed=0)
+    for _ in range(40):
+        env.step({a: int(env.action_space(a).sample()) for a in env.agents})
+    wh = env.env
+    loaded, shelf = wh.agents[0], wh.shelfs[0]  # a robot under its shelf, as after a load
+    if loaded.carrying_shelf is None and not any(a.carrying_shelf is shelf for a in wh.agents):
+        loaded.carrying_shelf, shelf.x, shelf.y = shelf, loaded.x, loaded.y
+    frame, rows, cols = env.render(), *wh.grid_size
+    requested = {(int(s.y), int(s.x)) for s in wh.request_queue}
+    expected = {(r, c): draw.WHITE for r in range(rows) for c in range(cols)}
+    expected |= {(int(y), int(x)): draw.GOAL for x, y in wh.goals}
+    expected |= {(int(s.y), int(s.x)): draw.REQUESTED if (s.y, s.x) in requested else draw.SHELF for s in wh.shelfs}
+    robots = {(int(a.y), int(a.x)): draw.LOADED if a.carrying_shelf else draw.PALETTE[0] for a in wh.agents}
+    corners, tops = _colours(frame, rows, cols, (2, 2)), _colours(frame, rows, cols, (5, 5))
+    assert {cell: tops[cell] if cell in robots else corners[cell] for cell in expected} == expected | robots
+    assert draw.LOADED in robots.values() and draw.REQUESTED in expected.values()
+
+
+def test_capture_video_films_the_grid_worlds_and_refuses_an_env_without_a_picture_before_training(tmp_path, capsys):
+    import imageio.v2 as imageio
+
+    path, stats = envs.record_episode("rware-tiny-2ag", lambda o: {"agent": np.ones((1, 2), np.int64)},
+                                      tmp_path / "rware.mp4", max_cycles=5)  # fmt: skip
+    with imageio.get_reader(path) as reader:
+        frames = [f for f in reader]  # list() would ask the reader its length: infinite
+    assert stats.length == 5 and len(frames) == 6 and frames[0].shape == (266, 242, 3)  # padded to even sizes
+    flags = ["--total-timesteps", 200, "--eval-interval", 100, "--eval-episodes", 1, "--final-eval-episodes", 1,
+             "--capture-video"]  # fmt: skip
+    lbf = ["--env-id", "Foraging-8x8-2p-2f-coop", "--num-envs", 2, "--run-dir", tmp_path / "lbf"]
+    run_inline(capsys, "ippo", *lbf, *flags)
+    assert sorted(p.name for p in (tmp_path / "lbf" / "videos").iterdir()) == ["step_100.mp4", "step_200.mp4"]
+    code, _, err = run_inline(capsys, "iql", "--env-id", "matrix_climbing", *flags, "--run-dir", tmp_path / "m",
+                              check=False)  # fmt: skip
+    assert code == 2 and "Traceback" not in err and "matrix_climbing has no picture: leave out --capture-video" in err
+    assert not (tmp_path / "m").exists()  # refused before the run directory was made
