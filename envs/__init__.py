@@ -12,7 +12,9 @@ episode videos.
 
 Module map: `api` (the contract), `registry` (ids and `make`), `pettingzoo_env` (groups, dead
 agents, auto-reset, sync vectorization), `subproc` (worker processes over shared memory), `gym`
-(single-agent), `video` (mp4 recording). `envs.mpe` is the Numba MPE backend (`backend="numba"`).
+(single-agent), `video` (mp4 recording). `envs.mpe` is the Numba MPE backend (`backend="numba"`);
+`foraging`/`foraging_numba` and `warehouse`/`warehouse_numba` are LBF and RWARE and their Numba ports,
+`grid_render` their video frames.
 """
 
 from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv
