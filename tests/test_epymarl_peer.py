@@ -262,6 +262,8 @@ def test_segments_chain_in_the_order_they_ran_and_a_restart_replaces_what_it_rep
     steps, values = epymarl_peer.chained_series(chain, "test_return_mean")
     assert steps.tolist() == [50, 550, 950, 1450, 1950]  # 2's test at 1050 is past the save that 4 resumed from
     assert values.tolist() == [50.0, 550.0, 950.0, 1450.0, 1950.0]
+    none = epymarl_peer.sacred_segments(tmp_path, "qmix", "key", 0, Path("runs/seed0"))  # not the path it recorded
+    assert none == [] and [a.tolist() for a in epymarl_peer.chained_series(none, "test_return_mean")] == [[], []]
 
 
 def test_a_signal_to_the_driver_reaches_epymarl_as_sigterm_and_reads_as_stopped(tmp_path):
