@@ -39,8 +39,8 @@ def task_kwargs(task: str) -> dict:
         raise ValueError(f"{task!r} is not a Level-Based Foraging task name such as Foraging-2s-8x8-2p-2f-coop")
     size, players, foods = int(match["size"]), int(match["players"]), int(match["foods"])
     if size not in SIZES or players not in PLAYERS or foods not in FOODS:
-        raise ValueError(f"{task!r} is outside the Level-Based Foraging tasks here: {GRAMMAR} (lbforaging's "
-                         "registered range, and 5 foods for the benchmark's -5f tasks)")  # fmt: skip
+        why = "lbforaging's registered range, and 5 foods for the benchmark's -5f tasks"
+        raise ValueError(f"{task!r} is outside the Level-Based Foraging tasks here: {GRAMMAR} ({why})")
     return dict(
         players=players,
         min_player_level=1,

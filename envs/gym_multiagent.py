@@ -32,8 +32,7 @@ class TupleParallelEnv(ParallelEnv):
 
     metadata = {"name": "gym_multiagent", "render_modes": ["rgb_array"], "is_parallelizable": True, "render_fps": 5}
 
-    def __init__(self, env, max_cycles: int, terminal: Callable, name: str, render_mode: str | None = None,
-                 frame: Callable | None = None):  # fmt: skip
+    def __init__(self, env, max_cycles: int, terminal: Callable, name: str, render_mode=None, frame=None):
         self.env, self.max_cycles, self.terminal, self.name = env, int(max_cycles), terminal, name
         self.render_mode, self.frame = render_mode, frame
         n = len(env.action_space)

@@ -132,8 +132,9 @@ def package_key(env_id: str) -> tuple[str, int]:
     entry = lookup(env_id)
     if entry is None or entry.family not in PACKAGE_IDS:
         tasks = ", ".join(name for name, e in REGISTRY.items() if e.family in PACKAGE_IDS)
-        raise ValueError(f"{env_id!r} is not a Level-Based Foraging or Multi-Robot Warehouse task; the benchmark's: "
-                         f"{tasks}")  # fmt: skip
+        raise ValueError(
+            f"{env_id!r} is not a Level-Based Foraging or Multi-Robot Warehouse task; the benchmark's: {tasks}"
+        )
     key, limit = PACKAGE_IDS[entry.family]
     return key.format(env_id), limit
 

@@ -224,8 +224,11 @@ def uncompiled_kernels(env_id: str, root: str | None = None) -> list[str]:
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     modules = {"buffers/kernels.py": "the buffers"}
     family = entry.family if (entry := envs.lookup(env_id)) is not None else None
-    ports = {"mpe": ("envs/mpe/kernels.py", "the MPE physics"), "lbf": ("envs/foraging_numba.py", "the LBF port"),
-             "rware": ("envs/warehouse_numba.py", "the RWARE port")}  # fmt: skip
+    ports = {
+        "mpe": ("envs/mpe/kernels.py", "the MPE physics"),
+        "lbf": ("envs/foraging_numba.py", "the LBF port"),
+        "rware": ("envs/warehouse_numba.py", "the RWARE port"),
+    }
     if family in ports:
         modules[ports[family][0]] = ports[family][1]
     cold = []

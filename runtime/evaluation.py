@@ -91,8 +91,8 @@ def check_filmable(args) -> None:
     env's first episode."""
     if not args.capture_video or not hasattr(args, "env_kwargs"):  # Gymnasium's envs: gym.make says it
         return
-    env = envs.make(args.env_id, 1, 0, vector="sync", backend="pettingzoo", **{"render_mode": "rgb_array",
-                                                                              **env_kwargs(args)})  # fmt: skip
+    kwargs = {"render_mode": "rgb_array", **env_kwargs(args)}
+    env = envs.make(args.env_id, 1, 0, vector="sync", backend="pettingzoo", **kwargs)
     try:
         env.reset()
         env.render(0)
