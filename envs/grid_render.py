@@ -11,9 +11,10 @@ import numpy as np
 
 CELL = 24
 WHITE, GRID, INK = (255, 255, 255), (200, 200, 200), (0, 0, 0)
-# players and robots by index; foods, goals and shelves as the packages colour them (rware's rendering.py)
-PALETTE = [(31, 119, 180), (214, 39, 40), (148, 103, 189), (255, 127, 14), (23, 190, 207), (140, 86, 75)]
-FOOD, GOAL, SHELF, REQUESTED, LOADED = (60, 179, 113), (60, 60, 60), (72, 61, 139), (0, 128, 128), (255, 140, 0)
+PALETTE = [(31, 119, 180), (214, 39, 40), (148, 103, 189), (255, 127, 14), (23, 190, 207), (140, 86, 75)]  # players
+FOOD = (60, 179, 113)
+# the warehouse as rware's rendering.py colours it
+GOAL, SHELF, REQUESTED, ROBOT, LOADED = (60, 60, 60), (72, 61, 139), (0, 128, 128), (255, 140, 0), (255, 0, 0)
 DIGITS = "111101101101111 010110010010111 111001111100111 111001111001111 101101111001001 " \
          "111100111001111 111100111101111 111001001001001 111101111101111 111101111001111"  # fmt: skip
 FONT = np.array([[int(c) for c in d] for d in DIGITS.split()], bool).reshape(10, 5, 3)

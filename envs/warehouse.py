@@ -38,7 +38,7 @@ HEADINGS = {0: (-1, 0), 1: (1, 0), 2: (0, -1), 3: (0, 1)}  # rware's Direction (
 
 def frame(env) -> np.ndarray:
     """A picture of a rware env's state, coloured as rware draws it: goals dark, shelves slate blue (requested ones
-    teal), robots numbered from 1, orange when loaded, with a line to where they face."""
+    teal), robots orange (red when loaded), numbered from 1, with a notch on the side they face."""
     picture = draw.canvas(*env.grid_size)
     for x, y in env.goals:
         draw.square(picture, y, x, draw.GOAL, pad=0)
@@ -46,7 +46,7 @@ def frame(env) -> np.ndarray:
     for shelf in env.shelfs:
         draw.square(picture, shelf.y, shelf.x, draw.REQUESTED if id(shelf) in requested else draw.SHELF)
     for i, robot in enumerate(env.agents):
-        draw.disc(picture, robot.y, robot.x, draw.LOADED if robot.carrying_shelf else draw.PALETTE[0])
+        draw.disc(picture, robot.y, robot.x, draw.LOADED if robot.carrying_shelf else draw.ROBOT)
         draw.number(picture, robot.y, robot.x, i + 1)
         draw.arrow(picture, robot.y, robot.x, HEADINGS[robot.dir.value])
     return picture

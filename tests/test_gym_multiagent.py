@@ -178,7 +178,7 @@ def test_a_warehouse_frame_draws_goals_shelves_requests_and_robots_where_the_pac
     expected = {(r, c): draw.WHITE for r in range(rows) for c in range(cols)}
     expected |= {(int(y), int(x)): draw.GOAL for x, y in wh.goals}
     expected |= {(int(s.y), int(s.x)): draw.REQUESTED if (s.y, s.x) in requested else draw.SHELF for s in wh.shelfs}
-    robots = {(int(a.y), int(a.x)): draw.LOADED if a.carrying_shelf else draw.PALETTE[0] for a in wh.agents}
+    robots = {(int(a.y), int(a.x)): draw.LOADED if a.carrying_shelf else draw.ROBOT for a in wh.agents}
     corners, tops = _colours(frame, rows, cols, (2, 2)), _colours(frame, rows, cols, (5, 5))
     assert {cell: tops[cell] if cell in robots else corners[cell] for cell in expected} == expected | robots
     assert draw.LOADED in robots.values() and draw.REQUESTED in expected.values()
