@@ -196,6 +196,8 @@ def execute(spec: dict) -> tuple[dict, dict[str, bytes] | None]:
                 _LIVE.discard(proc)
             if error is None and returncode != 0:
                 error = f"exit status {returncode}"
+                if reason := failure_reason(run_dir / LOG_NAME):
+                    error += f" ({reason})"
             if error:
                 log.write(f"\n[results/run.py] run failed: {error}\n".encode())
     except OSError as exc:
@@ -211,6 +213,22 @@ def execute(spec: dict) -> tuple[dict, dict[str, bytes] | None]:
     )
     files = None if shared or not run_dir.is_dir() else _pack(run_dir)
     return record, files
+
+
+# a script's last words: its one-sentence `error: ...` (every expected failure), or a traceback's exception line
+REASON = re.compile(r"error: |\w+(Error|Exception)(: |$)")
+
+
+def failure_reason(log: Path) -> str | None:
+    """The line a failed run's script ended on (its `error:` line, else its exception), from the log's last 8 kB."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    said = [line.strip() for line in tail.replace("\r", "\n").splitlines() if REASON.match(line.strip())]
+    return said[-1][:300] if said else None
 
 
 # ---------------------------------------------------------------------------------------------------

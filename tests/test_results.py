@@ -480,7 +480,9 @@ def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     assert "2 ran, 0 skipped, 2 failed" in proc.stdout
     for seed in (0, 1):
         run_log = tmp_path.resolve() / "runs" / "env_x" / "fake_fail" / f"seed{seed}" / "run.log"
-        assert f"FAILED env_x fake_fail seed {seed}: exit status 3; log: {run_log}" in proc.stderr
+        # the line the script ended on, so that a sweep's typo needs no log opened to be seen
+        said = "(error: fake_fail: boom, a deliberate failure at step 250)"
+        assert f"FAILED env_x fake_fail seed {seed}: exit status 3 {said}; log: {run_log}" in proc.stderr
         assert "boom, a deliberate failure" in run_log.read_text()
         record = json.loads((run_log.parent / "run.json").read_text())
         assert record["status"] == "failed" and record["returncode"] == 3
@@ -556,7 +558,8 @@ def test_status_says_where_each_run_of_a_sweep_stands_and_touches_nothing(tmp_pa
         hang.wait(timeout=60)
     assert lines[0].startswith("done     env_x fake_a seed 0 (") and lines[2] == "pending  env_x fake_a seed 2"
     run_log = tmp_path.resolve() / "runs" / "env_x" / "fake_fail" / "seed0" / "run.log"
-    assert lines[3] == f"failed   env_x fake_fail seed 0: exit status 3; log: {run_log}"
+    assert lines[3].startswith("failed   env_x fake_fail seed 0: exit status 3 (error: fake_fail: boom, a deliberate")
+    assert lines[3].endswith(f"); log: {run_log}")
     assert lines[6] == f"running  env_x fake_hang seed 0 (sweep pid {hang.pid})"
     assert lines[-1] == "2 done, 5 pending, 1 failed, 1 running (of 9 runs)"
     assert not (tmp_path / "runs" / "env_x" / "fake_a" / "seed2").exists()  # nothing claimed or made

@@ -91,7 +91,7 @@ def main(algo: str, offset: float, slope: float, fail_after: int | None = None, 
         time.sleep(float(os.environ.get("FAKE_EVAL_SLEEP", 0)))
         if fail_after is not None and i >= fail_after:
             writer.close()
-            print(f"{algo}: boom, a deliberate failure at step {step}", file=sys.stderr)
+            print(f"error: {algo}: boom, a deliberate failure at step {step}", file=sys.stderr)  # as scripts end
             sys.exit(3)
     while hang:
         time.sleep(1)
