@@ -62,7 +62,7 @@ from collect import (
     run_dir_for,
 )
 from make_readme import team_size
-from run import claim, parse_seeds, probe_hardware, probe_versions, utc_now
+from run import claim, failure_reason, parse_seeds, probe_hardware, probe_versions, utc_now
 
 ROOT = RESULTS_DIR.parent
 # EPyMARL's gymma env by the package's registered id, and the benchmark's time limit: per registry family
@@ -258,7 +258,10 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
                                 start_new_session=True)  # fmt: skip
         code = wait_passing_on_signals(proc)
     if code != 0:
-        record.update(status="failed", error=f"EPyMARL exited with {code}: see {run_dir / LOG_NAME}", end=utc_now())
+        said = f" ({reason})" if (reason := failure_reason(run_dir / LOG_NAME)) else ""
+        record.update(
+            status="failed", error=f"EPyMARL exited with {code}{said}: see {run_dir / LOG_NAME}", end=utc_now()
+        )
         (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2))
         raise RuntimeError(record["error"])
     chain = sacred_segments(args.epymarl, args.config, key, seed, results_path)

@@ -131,6 +131,8 @@ root.mkdir(parents=True, exist_ok=True)
 sacred = root / str(len(list(root.iterdir())) + 1)  # sacred numbers its runs by arrival
 sacred.mkdir()
 start = int(flags.get("load_step", 0))
+if os.environ.get("FAKE_FAIL"):
+    raise RuntimeError(os.environ["FAKE_FAIL"])
 if flags.get("checkpoint_path"):  # the driver keeps only the save it resumes from
     assert sorted(os.listdir(flags["checkpoint_path"])) == [str(start)], os.listdir(flags["checkpoint_path"])
 stop = int(os.environ.get("FAKE_STOP_AT", t_max + 50))
@@ -186,6 +188,15 @@ def test_a_peer_run_is_played_on_our_episodes_and_collected_as_a_row(tmp_path, m
     run_dir = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl" / "seed1"
     assert collect.read_json(run_dir / "final_eval.json")["global_step"] == 1050  # the agent saved last
     assert epymarl_peer.main(flags) == 0  # finished seeds are skipped, the row written again
+
+
+def test_a_failed_epymarl_run_is_said_with_the_exception_it_ended_on(tmp_path, monkeypatch, capsys):
+    epymarl = fake_epymarl(tmp_path, monkeypatch)
+    flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop", "--seeds",
+             "0,", "--total-timesteps", "1000", "--out", str(tmp_path / "results")]  # fmt: skip
+    monkeypatch.setenv("FAKE_FAIL", "a CUDA error, say")
+    assert epymarl_peer.main(flags) == 1
+    assert "error: EPyMARL exited with 1 (RuntimeError: a CUDA error, say): see " in capsys.readouterr().err
 
 
 def test_a_seed_another_command_holds_is_skipped_and_each_row_holds_every_finished_seed(tmp_path, monkeypatch, capsys):
