@@ -57,8 +57,15 @@ def task_kwargs(task: str) -> dict:
 
 
 def frame(env) -> np.ndarray:
-    """A picture of a lbforaging env's state: foods green with their level, players coloured with theirs."""
+    """A picture of a lbforaging env's state: foods green with their level, players coloured with theirs; with a
+    limited sight (`-2s`), the cells no player sees shaded."""
     picture = draw.canvas(*env.field.shape)
+    rows, cols = np.indices(env.field.shape)
+    seen = np.zeros(env.field.shape, bool)
+    for player in env.players:
+        seen |= np.maximum(abs(rows - player.position[0]), abs(cols - player.position[1])) <= env.sight
+    for row, col in zip(*np.nonzero(~seen), strict=True):
+        draw.square(picture, row, col, draw.UNSEEN, pad=0)
     for row, col in zip(*np.nonzero(env.field), strict=True):
         draw.square(picture, row, col, draw.FOOD)
         draw.number(picture, row, col, env.field[row, col])

@@ -154,7 +154,10 @@ def test_a_foraging_frame_draws_every_food_and_player_where_the_package_has_them
         env.step({a: int(env.action_space(a).sample()) for a in env.agents})
     frame, lbf = env.render(), env.env
     assert frame.shape == (10 * draw.CELL + 1, 10 * draw.CELL + 1, 3) and frame.dtype == np.uint8
-    expected = {(r, c): draw.WHITE for r in range(10) for c in range(10)}
+    cells = [(r, c) for r in range(10) for c in range(10)]
+    seen = {(r, c) for p in lbf.players for r, c in cells if max(abs(r - p.position[0]), abs(c - p.position[1])) <= 2}
+    expected = {cell: draw.WHITE if cell in seen else draw.UNSEEN for cell in cells}
+    assert draw.UNSEEN in expected.values()  # sight 2 on a 10 x 10 field: three players never see it all
     expected |= {(int(r), int(c)): draw.FOOD for r, c in zip(*np.nonzero(lbf.field), strict=True)}
     players = {tuple(int(x) for x in p.position): draw.PALETTE[i] for i, p in enumerate(lbf.players)}
     corners, tops = _colours(frame, 10, 10, (2, 2)), _colours(frame, 10, 10, (5, 5))  # a food's square, a disc
