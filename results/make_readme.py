@@ -113,6 +113,10 @@ def config_drift(result: dict) -> str | None:
     except SystemExit:
         return "its command no longer parses (a flag was renamed or removed)"
     recorded = getattr(args_cls, "BEFORE_FLAGS", {}) | result["config"]  # what runs older than a flag ran with
+    if isinstance(recorded.get("feature_norm"), bool):  # the flag's values when it was a bool, in today's words
+        from runtime.norm import FEATURE_NORM_BEFORE
+
+        recorded = recorded | {"feature_norm": FEATURE_NORM_BEFORE[recorded["feature_norm"]]}
     options = [f.name for f in dataclasses.fields(args_cls) if f.init and f.name not in PER_RUN_KEYS]
     changed = [
         f"{key} {json.dumps(recorded[key])} → {json.dumps(value)}"
@@ -814,11 +818,13 @@ def env_section(env_id: str, results: list[dict], references: list[dict], notes:
             ]
     for algo, changes in drift.items():
         if changes:
-            lines += [
-                f"**Stale: `{algo}`** was made with older defaults; its command run today would differ in "
-                f"{changes}. Rerun it to refresh the row.",
-                "",
-            ]
+            if "→" in changes:
+                why = f"with older defaults; its command run today would differ in {changes}. Rerun it to measure "
+                why += "today's defaults; to reproduce the row as it stands, give those options their values before "
+                why += "the arrow"
+            else:  # the script or a flag is gone
+                why = f"with older code: {changes}; each run's config.json records what it ran"
+            lines += [f"**Stale: `{algo}`** was made {why}.", ""]
     return lines
 
 

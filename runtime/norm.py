@@ -76,9 +76,11 @@ class InputNorm(RunningNorm):
             super().update(x if alive is None else x[torch.as_tensor(alive)])  # RunningNorm moves it to its device
 
 
-def feature_norm(args) -> str:
-    """The input normalization of mappo.py/ippo.py: "running", "layer" or "none".
+# --feature-norm's values when it was a bool: checkpoints and results from before the running normalization hold them
+FEATURE_NORM_BEFORE = {True: "layer", False: "none"}
 
-    Checkpoints from before the running normalization hold a bool: True (the paper's input LayerNorm) or False.
-    """
-    return {True: "layer", False: "none"}.get(args.feature_norm, args.feature_norm)
+
+def feature_norm(args) -> str:
+    """The input normalization of mappo.py/ippo.py: "running", "layer" or "none" (a bool of an older run read as
+    what it meant: True the paper's input LayerNorm, False none)."""
+    return FEATURE_NORM_BEFORE.get(args.feature_norm, args.feature_norm)

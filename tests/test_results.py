@@ -393,6 +393,10 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     assert "| `mappo-continuous` (stale) |" in text
     assert "**Stale: `mappo-continuous`**" in text
     assert re.search(r"gamma 0\.99 → 0\.95; options added since: [a-z_, ]*\brnn\b", text)
+    assert "to reproduce the row as it stands, give those options their values before the arrow" in text
+    result["config"]["feature_norm"] = True  # the flag when it was a bool: True meant the paper's LayerNorm
+    path.write_text(json.dumps(result))
+    assert 'feature_norm "layer" → "running"' in make_readme.generate(out).read_text()  # today's spelling of it
     result["per_seed"][0]["command"] = result["per_seed"][0]["command"] + " --no-such-flag"
     path.write_text(json.dumps(result))
     assert "its command no longer parses" in make_readme.generate(out).read_text()
