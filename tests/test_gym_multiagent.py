@@ -1,5 +1,6 @@
 """Level-Based Foraging and the Multi-Robot Warehouse behind our interface (envs/gym_multiagent.py, foraging.py,
-warehouse.py): the benchmark's tasks build, each step is the package's own, the time limit is a truncation."""
+warehouse.py, grid_render.py): the benchmark's tasks and any other the packages register build, each step is the
+package's own, the time limit is a truncation, and a video's frames show the package's state."""
 
 import re
 
