@@ -305,6 +305,22 @@ def _csv(text: str) -> list[str]:
     return items
 
 
+def unknown_envs(env_ids: list[str]) -> list[str]:
+    """Why each id that neither envs.make nor Gymnasium knows would fail (a typo in --envs); [] when all are known."""
+    import gymnasium
+
+    import envs  # registers CartPole-PO-v1
+
+    unknown = []
+    for env_id in env_ids:
+        try:
+            if ":" not in env_id and envs.lookup(env_id) is None and env_id not in gymnasium.registry:
+                unknown.append(f"{env_id!r} is neither an env id of envs.make (envs.known_ids()) nor a Gymnasium id")
+        except envs.UnknownEnvError as e:  # an LBF or RWARE name outside the packages' range
+            unknown.append(str(e))
+    return unknown
+
+
 def _display_path(path: Path) -> str:
     """A path as written in commands: relative to the repository root when inside it."""
     path = Path(path).resolve()
@@ -684,6 +700,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.extra_argv = extra_flags(args.extra)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.algos_dir.resolve() == REPO_ROOT / "algos" and (unknown := unknown_envs(args.envs)):
+        parser.error(f"--envs: {'; '.join(unknown)}")  # before any run starts, not one FAILED line a run
     args.out = args.out.resolve()
     args.algos_dir = args.algos_dir.resolve()
     args.use_ray = args.ray or args.ray_address is not None

@@ -191,6 +191,18 @@ def test_unknown_algorithm_fails_before_running_anything(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_an_env_id_no_script_knows_fails_before_running_anything(tmp_path, capsys):
+    argv = ["--algos", "iql,ppo", "--total-timesteps", "7", "--out", str(tmp_path), "--dry-run"]
+    known = "CartPole-PO-v1,simple_spread_v3,rware-medium-2ag,mpe2.simple_v3:parallel_env"  # ours, Gymnasium's, a path
+    assert sweep_runner.main([*argv, "--envs", known]) == 0
+    with pytest.raises(SystemExit):
+        sweep_runner.main([*argv, "--envs", f"{known},Foragin-8x8-2p-2f,Foraging-4x4-2p-1f"])
+    err = capsys.readouterr().err
+    assert "--envs: 'Foragin-8x8-2p-2f' is neither an env id of envs.make (envs.known_ids()) nor a Gymnasium id" in err
+    assert "'Foraging-4x4-2p-1f' is outside the Level-Based Foraging tasks here" in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_reader_handles_torch_summary_writer(tmp_path):
     """The real scripts log through torch's SummaryWriter; a rewritten step keeps its last value."""
     tensorboard = pytest.importorskip("torch.utils.tensorboard")
