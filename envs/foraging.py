@@ -64,8 +64,7 @@ def frame(env) -> np.ndarray:
     seen = np.zeros(env.field.shape, bool)
     for player in env.players:
         seen |= np.maximum(abs(rows - player.position[0]), abs(cols - player.position[1])) <= env.sight
-    for row, col in zip(*np.nonzero(~seen), strict=True):
-        draw.square(picture, row, col, draw.UNSEEN, pad=0)
+    draw.shade(picture, ~seen, draw.UNSEEN)
     for row, col in zip(*np.nonzero(env.field), strict=True):
         draw.square(picture, row, col, draw.FOOD)
         draw.number(picture, row, col, env.field[row, col])

@@ -34,6 +34,14 @@ def _cell(frame, row, col):
     return frame[row * CELL + 1 : (row + 1) * CELL, col * CELL + 1 : (col + 1) * CELL]
 
 
+def shade(frame, cells: np.ndarray, colour) -> None:
+    """Fill the cells where the (rows, cols) bool array `cells` is True, keeping the grid lines."""
+    rows, cols = cells.shape
+    by_cell = frame[:-1, :-1].reshape(rows, CELL, cols, CELL, 3)  # a view: (row, pixel row, col, pixel col)
+    r, c = np.nonzero(cells)
+    by_cell[r, 1:, c, 1:] = colour  # pixel 0 of each cell's rows and columns is a grid line
+
+
 def square(frame, row, col, colour, pad=2) -> None:
     """Fill cell (row, col), `pad` pixels in from its lines."""
     _cell(frame, row, col)[pad : CELL - 1 - pad, pad : CELL - 1 - pad] = colour

@@ -171,7 +171,7 @@ def series(info: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
 def chained_series(chain: list[dict], name: str) -> tuple[np.ndarray, np.ndarray]:
     """A metric over a seed's segments: each segment's points up to the step the next one resumed from."""
     steps, values = [np.zeros(0, np.int64)], [np.zeros(0)]
-    for segment, after in zip(chain, [*chain[1:], None][: len(chain)], strict=True):  # none: empty arrays
+    for segment, after in zip(chain, [*chain[1:], None], strict=False):  # the last is followed by None
         info = read_json(segment["dir"] / "info.json") or {}
         if name not in info:
             continue

@@ -216,6 +216,14 @@ def setup(args):
     return torch.device("cuda" if args.cuda else "cpu"), np.random.default_rng(args.seed)
 
 
+# the compiled env of each family that has one: its kernel module, and what a fresh install is told it is
+PORT_KERNELS = {
+    "mpe": ("envs/mpe/kernels.py", "the MPE physics"),
+    "lbf": ("envs/foraging_numba.py", "the LBF port"),
+    "rware": ("envs/warehouse_numba.py", "the RWARE port"),
+}
+
+
 def uncompiled_kernels(env_id: str, root: str | None = None) -> list[str]:
     """The kernel modules a run of `env_id` compiles that Numba's cache (beside each module, in __pycache__) does not
     hold yet: a fresh install's first run. [] where the cache is elsewhere (NUMBA_CACHE_DIR): it cannot tell."""
@@ -223,14 +231,9 @@ def uncompiled_kernels(env_id: str, root: str | None = None) -> list[str]:
         return []
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     modules = {"buffers/kernels.py": "the buffers"}
-    family = entry.family if (entry := envs.lookup(env_id)) is not None else None
-    ports = {
-        "mpe": ("envs/mpe/kernels.py", "the MPE physics"),
-        "lbf": ("envs/foraging_numba.py", "the LBF port"),
-        "rware": ("envs/warehouse_numba.py", "the RWARE port"),
-    }
-    if family in ports:
-        modules[ports[family][0]] = ports[family][1]
+    if (entry := envs.lookup(env_id)) is not None and entry.family in PORT_KERNELS:
+        path, name = PORT_KERNELS[entry.family]
+        modules[path] = name
     cold = []
     for module, name in modules.items():
         folder, stem = os.path.split(os.path.join(root, module))
