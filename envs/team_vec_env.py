@@ -126,4 +126,4 @@ def accept_max_cycles_only(env_id: str, kwargs: dict) -> None:
     """A port's `make_vec` takes `max_cycles` alone: `render_mode` is accepted and ignored, anything else refused."""
     kwargs.pop("render_mode", None)
     if kwargs:
-        raise TypeError(f"{env_id} got unexpected argument(s) {sorted(kwargs)}; it accepts max_cycles")
+        raise TypeError(f"{env_id} got unexpected argument(s) {', '.join(sorted(kwargs))}; it accepts: max_cycles")

@@ -111,5 +111,7 @@ def test_the_numba_backend_is_auto_for_foraging_and_refuses_bad_actions_like_the
         env.step({"agent": np.full((4, 2), 6)})
     with pytest.raises(ValueError, match=r"actions\['agent'\] has shape \(4,\)"):
         env.step({"agent": np.zeros(4, np.int64)})
-    with pytest.raises(envs.EnvArgumentError, match="unexpected argument"):
-        envs.make("Foraging-8x8-2p-2f-coop", 1, 0, backend="numba", sight=3)
+    # the same sentence as the package's and the MPE's refusal: the names, then what it accepts
+    refusal = r"^Foraging-8x8-2p-2f-coop got unexpected argument\(s\) grid, sight; it accepts: max_cycles$"
+    with pytest.raises(envs.EnvArgumentError, match=refusal):
+        envs.make("Foraging-8x8-2p-2f-coop", 1, 0, backend="numba", sight=3, grid=1)
