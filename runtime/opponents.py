@@ -259,7 +259,8 @@ def frozen_groups(args, groups: dict, device) -> dict:
     for flag, names in (("--random-groups", args.random_groups), ("--opponent", [g for g, _, _ in opponents]),
                         ("--self-play", [self_play] if self_play else [])):  # fmt: skip
         if unknown := [g for g in names if g not in groups]:
-            raise ArgumentError(f"{flag} {unknown}: {args.env_id} has the groups {list(groups)}")
+            hint = "name one of them" if len(groups) > 1 else "one team, nothing to freeze: drop the flag"
+            raise ArgumentError(f"{flag} {unknown}: {args.env_id} has the groups {list(groups)}; {hint}")
     if twice := sorted({g for g in named if named.count(g) > 1}):
         raise ArgumentError(f"the group(s) {twice} are frozen twice (--random-groups, --opponent, --self-play): "
                             f"give each group one of them")  # fmt: skip

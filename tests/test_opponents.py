@@ -178,6 +178,14 @@ def test_bad_opponents_fail_with_one_clear_error(flags, message, checkpoints, ca
     assert "Traceback" not in err
 
 
+def test_a_one_team_env_says_there_is_nothing_to_freeze(capsys):
+    code, _, err = run_inline(capsys, "qmix", *TINY["qmix"], *EVAL, "--env", "Foraging-8x8-2p-2f-coop",
+                              "--random-groups", "blue", check=False)  # fmt: skip
+    assert code == 2 and "Traceback" not in err, err
+    assert "--random-groups ['blue']: Foraging-8x8-2p-2f-coop has the groups ['agent']; one team, nothing to freeze: " \
+           "drop the flag" in err, err  # fmt: skip
+
+
 def test_a_checkpoint_of_another_env_is_refused(checkpoints):
     spec = envs.make("simple_spread_v3", 1, 0, backend="pettingzoo").groups["agent"]
     with pytest.raises(ValueError, match="was trained on simple_adversary_v3, not simple_spread_v3"):
