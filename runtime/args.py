@@ -34,7 +34,8 @@ class RunArgs:
     seed: int = 1
     """seed of numpy, torch and the envs (env i of the training envs: seed + i)"""
     total_timesteps: int = 10_000_000
-    """env steps, summed over all envs"""
+    """env steps, summed over all envs, in whole steps of the vector: off-policy scripts round it up to a multiple of
+    --num-envs, on-policy ones down to whole rollouts (--num-envs x --num-steps)"""
     num_envs: int = 128
     """parallel training envs"""
     cuda: bool = False
