@@ -120,6 +120,14 @@ class VecEnv:
         pass
 
 
+def unexpected_arguments(env_id: str, given, accepted) -> str | None:
+    """The sentence every backend refuses keyword arguments with, or None when `given` holds only `accepted` ones."""
+    unexpected = sorted(set(given) - set(accepted))
+    if not unexpected:
+        return None
+    return f"{env_id} got unexpected argument(s) {', '.join(unexpected)}; it accepts: {', '.join(sorted(accepted))}"
+
+
 def check_actions(actions: dict, groups: dict[str, GroupSpec], num_envs: int) -> dict[str, np.ndarray]:
     """The actions `step` takes, checked as every backend checks them; returns group -> array.
 

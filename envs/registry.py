@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 
 from envs import foraging, matrix_games, warehouse  # the task families hold their task names
-from envs.api import VecEnv
+from envs.api import VecEnv, unexpected_arguments
 from envs.relations import declare_entities
 
 
@@ -188,13 +188,8 @@ def build_parallel_env(env_id: str, **env_kwargs):
     accepted = _accepted_kwargs(module)
     if entry.task is not None:  # the id names the task: not an argument of its own
         accepted = None if accepted is None else accepted - {"task"}
-    if accepted is not None:
-        unexpected = sorted(set(kwargs) - accepted)
-        if unexpected:
-            raise EnvArgumentError(
-                f"{env_id} got unexpected argument(s) {', '.join(unexpected)}; "
-                f"it accepts: {', '.join(sorted(accepted))}"
-            )
+    if accepted is not None and (refusal := unexpected_arguments(env_id, kwargs, accepted)):
+        raise EnvArgumentError(refusal)
     if entry.task is not None:
         kwargs["task"] = entry.task
     size = kwargs.get("map_size")

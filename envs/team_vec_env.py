@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions
+from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions, unexpected_arguments
 from envs.mpe.vec_env import seed_states
 
 
@@ -125,5 +125,5 @@ class TeamVecEnv(VecEnv):
 def accept_max_cycles_only(env_id: str, kwargs: dict) -> None:
     """A port's `make_vec` takes `max_cycles` alone: `render_mode` is accepted and ignored, anything else refused."""
     kwargs.pop("render_mode", None)
-    if kwargs:
-        raise TypeError(f"{env_id} got unexpected argument(s) {', '.join(sorted(kwargs))}; it accepts: max_cycles")
+    if refusal := unexpected_arguments(env_id, kwargs, ["max_cycles"]):
+        raise TypeError(refusal)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions
+from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions, unexpected_arguments
 from envs.mpe.kernels import observe_envs, reset_envs, step_envs
 from envs.mpe.physics import WorldSpec, new_world_state
 from envs.mpe.scenarios import COMMON_KWARGS, SCENARIOS, Layout, Scenario, build_spec
@@ -32,12 +32,8 @@ def find_scenario(env_id: str) -> Scenario:
 def resolve_kwargs(scenario: Scenario, kwargs: dict) -> dict:
     """mpe2's keyword arguments with its defaults filled in; unknown or unsupported ones raise."""
     allowed = scenario.defaults()
-    unknown = set(kwargs) - set(allowed)
-    if unknown:
-        raise TypeError(
-            f"{scenario.name} got unexpected argument(s) {', '.join(sorted(unknown))}; "
-            f"it accepts: {', '.join(sorted(allowed))}"
-        )
+    if refusal := unexpected_arguments(scenario.name, kwargs, allowed):
+        raise TypeError(refusal)
     resolved = {**allowed, **kwargs}
     if resolved["benchmark_data"]:
         raise NotImplementedError("the numba MPE backend has no benchmark_data=True: use --backend pettingzoo")
