@@ -129,8 +129,10 @@ def main():
 def markdown(report):
     size, agents = report.get("map_size", 45), report.get("agents_a_side", 81)
     loads = [", ".join(f"{x:.1f}" for x in report[k]) for k in ("load_average_before", "load_average")]
+    scripts = ", ".join(dict.fromkeys(run["algo"] for run in report["runs"]))  # the heading tells the files apart
+    device = f"CPU and {report['gpu']}" if report.get("gpu") else "CPU"
     lines = [
-        "# Training on battle_v4: what a run costs on this machine",
+        f"# Training on battle_v4 ({size} x {size}; {scripts}; {device}): what a run costs on this machine",
         "",
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores"
         + (f", {report['gpu']}" if report.get("gpu") else "")

@@ -143,7 +143,8 @@ def markdown(r):
     load = lambda x: ", ".join(f"{v:.1f}" for v in x)  # noqa: E731
     lines = [
         "# Our PPO scripts against JaxMARL, side by side (env-steps/s, "
-        + ("both on the GPU, one CPU thread for ours)" if r.get("cuda") else "one thread each)"),
+        + ("both on the GPU, one CPU thread for ours)" if r.get("cuda") else "one thread each)")
+        + f": {r['cpu']}",
         "",
         f"Measured {r['date']} on {r['cpu']} ({r['cores']} cores), load average {load(r['load_before'])} before and "
         f"{load(r['load_after'])} after. Regenerate: `{r['command'].strip()}` (settings: the script's docstring).",

@@ -123,7 +123,8 @@ def main():
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     load = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
     lines = [
-        "# What a sweep costs: training env-steps/s per script and task, and core-hours at the budget",
+        f"# What a sweep of {', '.join(algos)} costs: training env-steps/s per script and task, and core-hours at the "
+        "budget",
         "",
         f"Measured {report['date']} on {report['cpu']}, one torch thread, each script at its defaults (MADDPG with "
         f"--no-continuous-actions), {args.steps:,} env steps per timed run, speed from the middle to the last "

@@ -239,7 +239,8 @@ def markdown(report):
     """train.md from the report: the speed table, the ratios measured side by side, the profiles."""
     loads = [", ".join(f"{x:.1f}" for x in report[k]) for k in ("load_average_before", "load_average")]
     lines = [
-        "# End-to-end training speed (env-steps/s)",
+        # the scripts in the heading: several of these files stand side by side in results/README.md
+        "# End-to-end training speed (env-steps/s): " + ", ".join(dict.fromkeys(r["algo"] for r in report["runs"])),
         "",
         f"Measured {report['date']} on {report['cpu']} ({report['cores']} cores), load average {loads[0]} before and "
         f"{loads[1]} after. Regenerate: `{report['command']}`.",

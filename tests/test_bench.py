@@ -53,6 +53,7 @@ def test_bench_battle_counts_agents_as_magent2_places_them_and_reports_the_gpu_r
                   runs=[run | dict(device="cpu", sps=50.0), run | dict(device="G", sps=400.0)])  # fmt: skip
     text = bench_battle.markdown(report)
     assert "40 x 40 (64 agents a side)" in text and "ippo with `--cuda`: **8.0x**" in text
+    assert text.startswith("# Training on battle_v4 (40 x 40; ippo; CPU and G): ")  # tells the reports apart
     assert "| ippo | heap only | G | 400.0 |" in text
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(sys, "argv", ["bench_battle.py", "--cuda"])
