@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if not (args.epymarl / "src" / "main.py").is_file():
         parser.error(f"--epymarl {args.epymarl}: no src/main.py there; give a checkout of uoe-agents/epymarl")
-    if not os.access(args.python, os.X_OK):
+    if not (args.python.is_file() and os.access(args.python, os.X_OK)):
         parser.error(f"--python {args.python}: not an executable interpreter (EPyMARL's own environment)")
     if min(args.total_timesteps, args.eval_interval, args.eval_episodes, args.save_interval) < 1:
         parser.error("--total-timesteps, --eval-interval, --eval-episodes and --save-interval must be positive")

@@ -944,6 +944,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default: results/)")
     parser.add_argument("--reference", type=Path, default=REFERENCE_FILE, help="published figures to compare")
     args = parser.parse_args(argv)
+    if not args.out.is_dir():
+        parser.error(f"--out {args.out}: no such folder (a results root holds <env_id>/<algo>.json)")
+    if not args.reference.is_file():
+        parser.error(f"--reference {args.reference}: no such file (the published figures; default {REFERENCE_FILE})")
     print(f"wrote {generate(args.out, args.reference)}")
     return 0
 

@@ -696,6 +696,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--variant {args.variant!r}: use letters, digits, '-' and '_' only (it names files)")
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: must be >= 1 (without it: one run per CPU)")
+    if args.threads_per_run is not None and args.threads_per_run < 1:
+        parser.error(f"--threads-per-run {args.threads_per_run}: must be >= 1 (without it: the CPUs shared out)")
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error(f"--timeout {args.timeout:g}: must be > 0 seconds (without it: no limit)")
+    if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
+        parser.error(f"--cpus-per-run {args.cpus_per_run:g} must be > 0 and --gpus-per-run {args.gpus_per_run:g} >= 0")
+    if not (args.dry_run or args.status) and (parent := writable_parent(args.out)) is not None:
+        parser.error(f"--out {args.out}: {parent} is not a folder this user can write in")
     try:
         args.extra_argv = extra_flags(args.extra)
     except ValueError as exc:
@@ -712,6 +720,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.child_env = {var: str(threads) for var in THREAD_VARS} if threads else {}
     args.workers = workers if not args.use_ray else args.workers
     return args
+
+
+def writable_parent(path: Path) -> Path | None:
+    """None when `path` is, or can be made, a folder this user writes in; else the nearest existing path in the way
+    (a file, or a folder without write access)."""
+    for place in (path, *path.parents):
+        if place.exists():
+            return None if place.is_dir() and os.access(place, os.W_OK | os.X_OK) else place
+    return None
 
 
 def earlier_seeds(out: Path, env_id: str, label: str, swept: list[int], total_timesteps: int, say=print) -> list[int]:

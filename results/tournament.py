@@ -81,7 +81,7 @@ def players_from(args) -> dict[str, tuple[str | None, str | None]]:
     """name -> (checkpoint path, its group after @ or None); random -> (None, None)."""
     players: dict[str, tuple[str | None, str | None]] = {}
     for spec in args.player:
-        name, path, source = parse_opponent(spec)
+        name, path, source = parse_opponent(spec, "--player", "NAME", "mappo0")
         players[name] = (path, source if path != spec.partition("=")[2] else None)  # None: no @GROUP given
     for run_dir in args.runs:
         path = Path(run_dir) / "last.pt"

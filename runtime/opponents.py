@@ -63,12 +63,15 @@ ALGOS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 _modules: dict[str, object] = {}
 
 
-def parse_opponent(text: str) -> tuple[str, str, str]:
-    """'GROUP=PATH' or 'GROUP=PATH@CKPT_GROUP' -> (group, path, the checkpoint's group that plays it)."""
+def parse_opponent(
+    text: str, flag: str = "--opponent", key: str = "GROUP", example: str = "blue"
+) -> tuple[str, str, str]:
+    """'GROUP=PATH' or 'GROUP=PATH@CKPT_GROUP' -> (group, path, the checkpoint's group that plays it). A bad one is
+    refused in the words of the flag that gave it (results/tournament.py's --player NAME=PATH reads the same way)."""
     group, sep, rest = text.partition("=")
     if not sep or not group or not rest:
-        raise ArgumentError(f"--opponent {text!r} is not GROUP=PATH (e.g. blue=runs/x/last.pt, or "
-                            f"blue=runs/x/last.pt@red for the checkpoint's red group)")  # fmt: skip
+        raise ArgumentError(f"{flag} {text!r} is not {key}=PATH (e.g. {example}=runs/x/last.pt, or "
+                            f"{example}=runs/x/last.pt@red for the checkpoint's red group)")  # fmt: skip
     path, at, source = rest.rpartition("@") if "@" in os.path.basename(rest) else (rest, "", "")
     return group, path, (source if at else group)
 

@@ -103,6 +103,7 @@ def test_sacreds_metrics_are_read_as_logged():
         (["--env-id", "simple_spread_v3"], "is not a Level-Based Foraging or Multi-Robot Warehouse task"),
         (["--env-id", "rware-tiny-2ag", "--epymarl", "/nonexistent"], "no src/main.py there"),
         (["--env-id", "rware-tiny-2ag", "--python", "/nonexistent/python"], "not an executable interpreter"),
+        (["--env-id", "rware-tiny-2ag", "--python", "/"], "not an executable interpreter"),  # a folder: X_OK alone
         (["--env-id", "rware-tiny-2ag", "--seeds", "0"], "a count N needs N >= 1"),
         (["--env-id", "rware-tiny-2ag", "--eval-interval", "0"], "must be positive"),
     ],

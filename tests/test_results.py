@@ -1271,11 +1271,16 @@ def test_crossplay_pages_are_nested_in_the_readme_and_their_json_is_not_read_as_
         (["--extra", '--env-kwargs \'{"N": "a'], "--extra '--env-kwargs \\'{\"N\": \"a': No closing quotation"),
         (["--workers", "-1"], "--workers -1: must be >= 1 (without it: one run per CPU)"),
         (["--workers", "0"], "--workers 0: must be >= 1 (without it: one run per CPU)"),
+        (["--threads-per-run", "0"], "--threads-per-run 0: must be >= 1 (without it: the CPUs shared out)"),
+        (["--timeout", "-1"], "--timeout -1: must be > 0 seconds (without it: no limit)"),
+        (["--ray", "--gpus-per-run", "-1"], "--cpus-per-run 1 must be > 0 and --gpus-per-run -1 >= 0"),
+        (["--out", "/dev/null/results"], "--out /dev/null/results: /dev/null is not a folder this user can write in"),
     ],
 )
-def test_run_refuses_flags_it_sets_itself_in_extra_and_workers_below_one(flags, message, capsys):
+def test_run_refuses_bad_flags_in_one_line(flags, message, capsys):
     """A --seed in --extra trained seed 7 and recorded seed 0; --workers -1 was a ValueError traceback and 0 silently
-    the CPU count; an unbalanced quote in --extra a shlex traceback."""
+    the CPU count; an unbalanced quote in --extra a shlex traceback; --threads-per-run 0 left every run's threads
+    unset; --timeout -1 killed every run at once; an --out under a file was a NotADirectoryError traceback."""
     argv = ["--algos", "fake_a", "--envs", "env_x", "--total-timesteps", "7", "--algos-dir", str(FAKES), *flags]
     with pytest.raises(SystemExit) as e:
         sweep_runner.parse_args(argv)
@@ -1283,6 +1288,23 @@ def test_run_refuses_flags_it_sets_itself_in_extra_and_workers_below_one(flags, 
     assert e.value.code == 2 and f"error: {message}" in err and "Traceback" not in err, err
     (run,) = sweep_runner.plan(sweep_runner.parse_args([*argv[:8], "--seeds", "0,", "--extra", "--env-kwargs {}"]))
     assert run.argv[-2:] == ["--env-kwargs", "{}"]  # a flag that merely starts like --env is the script's
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--out", "{tmp}/nowhere"], "--out {tmp}/nowhere: no such folder (a results root holds <env_id>/<algo>.json)"),
+        (["--out", "{tmp}", "--reference", "{tmp}/ref.json"], "--reference {tmp}/ref.json: no such file"),
+    ],
+)
+def test_make_readme_refuses_a_missing_results_root_or_reference_file(flags, message, tmp_path, capsys):
+    """A mistyped --out made that folder and wrote an empty README.md into it; a mistyped --reference dropped every
+    published figure from the page without a word."""
+    with pytest.raises(SystemExit) as e:
+        make_readme.main([f.format(tmp=tmp_path) for f in flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {message.format(tmp=tmp_path)}" in err, err
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "README.md").exists()
 
 
 def test_collect_refuses_a_copied_run_directory_naming_both(local_sweep, tmp_path, capsys):
@@ -1474,3 +1496,12 @@ def test_tournament_says_env_kwargs_must_be_a_json_object(kwargs, message, capsy
 
     assert tournament.main(["--env", "battle_v4", "--random", "--env-kwargs", kwargs]) == 2
     assert f"error: {message}" in capsys.readouterr().err
+
+
+def test_tournament_names_its_own_flag_for_a_bad_player(capsys):
+    """--player 'mappo0' (no =PATH) was refused as "--opponent 'mappo0' is not GROUP=PATH", a flag it does not have."""
+    import tournament
+
+    assert tournament.main(["--env", "battle_v4", "--random", "--player", "mappo0"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --player 'mappo0' is not NAME=PATH (e.g. mappo0=runs/x/last.pt, or mappo0=runs/x/last.pt@red" in err
