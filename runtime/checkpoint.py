@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -112,15 +113,38 @@ def copy_policy(path: str, copy: str) -> None:
     save_checkpoint(copy, ckpt)
 
 
+def not_a_checkpoint_file(path: str) -> str | None:
+    """Why `path` cannot be read as a checkpoint, or None when it is a file: a run's folder named in place of one of
+    its checkpoints is told which files it holds."""
+    if os.path.isfile(path):
+        return None
+    if os.path.isdir(path):
+        held = sorted(name for name in os.listdir(path) if name.endswith(".pt"))
+        return f"a folder, not a checkpoint file: name one in it ({', '.join(held) or 'it holds no .pt file'})"
+    return "checkpoint does not exist"
+
+
+def load_failure(e: Exception) -> str:
+    """torch.load's reason in one clause. Its weights-only refusal buries the unpickler's complaint in a paragraph
+    that advises weights_only=False, which these scripts never do: the complaint alone is kept."""
+    text = str(e).strip()
+    if isinstance(e, EOFError):
+        return "the file ends early (empty or cut short)"
+    if found := re.search(r"WeightsUnpickler error:\s*(.+?)(?: was not an allowed global.*)?$", text, re.M):
+        return f"weights-only loading refused it ({found.group(1).strip()})"
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def read_checkpoint(path: str) -> dict:
     """torch.load(weights_only=True) with every failure turned into one CheckpointError line."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    if problem := not_a_checkpoint_file(path):
+        raise CheckpointError(f"{path}: {problem}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a damaged or foreign file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is unreadable (corrupt or not a torch file): {first}") from None
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable (corrupt or not a torch file): {load_failure(e)}"
+        ) from None
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"checkpoint {path} is not a checkpoint of these scripts (a {type(ckpt).__name__})")
     return ckpt

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from runtime.checkpoint import flag
+from runtime.checkpoint import flag, not_a_checkpoint_file
 
 # flags that exist in several scripts, by what they must be (a script checks the ones it has)
 POSITIVE_INT = ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "eval_episodes",
@@ -79,8 +79,8 @@ def check_args(args, *rules) -> None:
     if values.get("batch_size") and values.get("buffer_size") and values["batch_size"] > values["buffer_size"]:
         raise ArgumentError(f"--batch-size {values['batch_size']} exceeds --buffer-size {values['buffer_size']}: "
                             f"a batch is drawn from the buffer")  # fmt: skip
-    if values.get("eval_checkpoint") and not os.path.isfile(values["eval_checkpoint"]):
-        raise ArgumentError(f"--eval-checkpoint {values['eval_checkpoint']}: checkpoint does not exist")
+    if values.get("eval_checkpoint") and (problem := not_a_checkpoint_file(values["eval_checkpoint"])):
+        raise ArgumentError(f"--eval-checkpoint {values['eval_checkpoint']}: {problem}")
     if values.get("eval_checkpoint") and values.get("resume"):
         raise ArgumentError("--eval-checkpoint and --resume exclude each other: evaluate, or continue training")
     if (

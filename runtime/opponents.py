@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from envs.api import Observation, StepResult, VecEnv
-from runtime.checkpoint import CheckpointError, non_finite, read_checkpoint
+from runtime.checkpoint import CheckpointError, non_finite, not_a_checkpoint_file, read_checkpoint
 from runtime.checks import ArgumentError
 
 
@@ -272,8 +272,8 @@ def frozen_groups(args, groups: dict, device) -> dict:
                             f"would learn")  # fmt: skip
     makers = {g: (random_actor(groups[g]), g) for g in args.random_groups}
     for g, path, source in opponents:
-        if not os.path.isfile(path):
-            raise ArgumentError(f"--opponent {g}={path}: checkpoint does not exist")
+        if problem := not_a_checkpoint_file(path):
+            raise ArgumentError(f"--opponent {g}={path}: {problem}")
         sample = getattr(args, "opponent_sample", False)
         makers[g] = (load_actor(path, args.env_id, groups[g], source, device, greedy=not sample), source)
     if self_play:  # until the run adds its first snapshot: the uniform policy
