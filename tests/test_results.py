@@ -1467,17 +1467,20 @@ def test_crossplay_names_a_cached_record_it_cannot_use_and_plays_every_pair_agai
 
 
 @pytest.mark.parametrize(
-    "seeds, message",
+    "flags, message",
     [
-        ("0,0", "--seeds '0,0': seed 0 given twice; each seed pairs once"),
-        ("0,x", "--seeds '0,x': expected comma-separated integers"),
+        (["--seeds", "0,0"], "--seeds '0,0': seed 0 given twice; each seed pairs once"),
+        (["--seeds", "0,x"], "--seeds '0,x': expected comma-separated integers"),
+        (["--env-id", "simple_tga_v3"], "--env-id 'simple_tga_v3' is not an env id of envs.make (envs.known_ids())"),
+        (["--variant", "a/b"], "--variant 'a/b' names a folder of --runs: no '/' in it"),
     ],
 )
-def test_crossplay_refuses_a_seed_given_twice(seeds, message, tmp_path, capsys):
-    """--seeds 0,0 played every pair twice and reported two seeds."""
+def test_crossplay_refuses_a_seed_given_twice_a_typo_in_the_env_and_a_path_as_variant(flags, message, tmp_path, capsys):
+    """--seeds 0,0 played every pair twice and reported two seeds; a typo in --env-id was told to train its rows first
+    ("no checkpoint ..."), as was a --variant that reached into other folders."""
     import crossplay
 
-    argv = ["--env-id", "simple_tag_v3", "--algos", "mappo,ippo", "--seeds", seeds, "--runs", str(tmp_path)]
+    argv = ["--env-id", "simple_tag_v3", "--algos", "mappo,ippo", "--runs", str(tmp_path), *flags]
     assert crossplay.main(argv) == 2
     assert f"error: {message}" in capsys.readouterr().err
     assert crossplay.parse_seeds("2, 0,1") == [2, 0, 1]
