@@ -305,6 +305,32 @@ def _csv(text: str) -> list[str]:
     return items
 
 
+def extra_refusal(algos: list[str], extra_argv: list[str]) -> str | None:
+    """Why --extra would not parse for one of the sweep's scripts in algos/ (a flag it lacks, a value of the wrong
+    type), read from its Args the way the script reads its command line; None when every script takes it. Each run
+    would otherwise fail at its start, one FAILED line a run."""
+    if not extra_argv:
+        return None
+    import contextlib
+    import io
+
+    import tyro
+    from make_readme import script_args
+
+    for algo in algos:
+        if not (REPO_ROOT / "algos" / f"{algo}.py").is_file():
+            continue  # plan() names a script that does not exist
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+                tyro.cli(script_args(f"algos/{algo}.py"), args=extra_argv)
+        except SystemExit:
+            found = re.search(r"(Unrecognized options: .*?|Error parsing .*?)\s*$", said.getvalue(), re.M)
+            reason = found[1] if found else f"python algos/{algo}.py --help lists what it takes"
+            return f"--extra {shlex.join(extra_argv)!r}: algos/{algo}.py refuses it ({reason})"
+    return None
+
+
 def unknown_envs(env_ids: list[str]) -> list[str]:
     """Why each id that neither envs.make nor Gymnasium knows would fail (a typo in --envs); [] when all are known."""
     import gymnasium
@@ -710,6 +736,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(str(exc))
     if args.algos_dir.resolve() == REPO_ROOT / "algos" and (unknown := unknown_envs(args.envs)):
         parser.error(f"--envs: {'; '.join(unknown)}")  # before any run starts, not one FAILED line a run
+    if args.algos_dir.resolve() == REPO_ROOT / "algos" and (refusal := extra_refusal(args.algos, args.extra_argv)):
+        parser.error(refusal)
     args.out = args.out.resolve()
     args.algos_dir = args.algos_dir.resolve()
     args.use_ray = args.ray or args.ray_address is not None

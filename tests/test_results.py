@@ -1260,6 +1260,19 @@ def test_crossplay_pages_are_nested_in_the_readme_and_their_json_is_not_read_as_
 # ---------------------------------------------------------------------------------------------------
 
 
+def test_run_refuses_extra_flags_a_script_of_the_sweep_does_not_take(capsys):
+    """--extra '--rnn' on a sweep of mappo and qmix (always recurrent: no --rnn) failed every qmix run at its start,
+    one FAILED line a run; a typo in --extra failed them all."""
+    base = ["--algos", "mappo,qmix", "--envs", "simple_spread_v3", "--total-timesteps", "7", "--dry-run"]
+    for extra, says in (("--rnn", "algos/qmix.py refuses it (Unrecognized options: --rnn)"),
+                        ("--num-envz 3", "algos/mappo.py refuses it (Unrecognized options: --num-envz, 3)"),
+                        ("--num-envs x", "algos/mappo.py refuses it (Error parsing --num-envs: invalid")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            sweep_runner.parse_args([*base, "--extra", extra])
+        assert e.value.code == 2 and f"error: --extra '{extra}': {says}" in capsys.readouterr().err
+    assert sweep_runner.parse_args([*base, "--extra", "--eval-episodes 100 --no-continuous-actions"]).extra_argv
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
