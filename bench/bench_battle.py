@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
-from host import cpu_name
+from host import cpu_name, positive, scripts
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +80,10 @@ def run(algo, steps, workdir, malloc="heap only", map_size=45, max_cycles=None, 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algos", default="mappo,ippo", help="comma-separated scripts")
-    parser.add_argument("--steps", type=int, default=6400, help="env steps per run (two updates at the defaults)")
+    parser.add_argument("--algos", type=scripts, default="mappo,ippo", help="comma-separated scripts")
+    parser.add_argument(
+        "--steps", type=positive(int), default=6400, help="env steps per run (two updates at the defaults)"
+    )
     parser.add_argument("--glibc", action="store_true", help="each script also under glibc's default malloc")
     parser.add_argument("--map-size", type=int, default=45, help="battle's map (the protocol of issue 41: 40)")
     parser.add_argument("--max-cycles", type=int, default=None, help="episode limit (the protocol: 400)")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from host import cpu_name
+from host import cpu_name, positive
 
 from envs.api import GroupSpec
 
@@ -96,8 +96,10 @@ def measure(coma, n_agents, n_actions, steps, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3200, help="T x E steps per call (coma.py: 128 envs x 25)")
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument(
+        "--steps", type=positive(int), default=3200, help="T x E steps per call (coma.py: 128 envs x 25)"
+    )
+    parser.add_argument("--repeats", type=positive(int), default=21)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--rows-only", action="store_true", help="print this process's rows as JSON (the child)")
     args = parser.parse_args()

@@ -28,7 +28,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
-from host import cpu_name
+from host import cpu_name, positive
 
 import envs
 from envs.registry import build_parallel_env
@@ -280,8 +280,8 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000, help="steps per round of the overhead test")
-    parser.add_argument("--repeats", type=int, default=9, help="rounds per measurement (median)")
+    parser.add_argument("--steps", type=positive(int), default=2000, help="steps per round of the overhead test")
+    parser.add_argument("--repeats", type=positive(int), default=9, help="rounds per measurement (median)")
     parser.add_argument("--out-dir", default=str(ROOT / "results" / "speed"))
     args = parser.parse_args()
 

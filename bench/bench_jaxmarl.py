@@ -34,7 +34,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from host import cpu_name
+from host import cpu_name, positive
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def theirs(algo, steps, python, peers=PEERS, cuda=False):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated: " + ", ".join(PAIRS))
-    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds per pair (medians over them)")
+    parser.add_argument("--rounds", type=positive(int), default=3, help="A/B rounds per pair (medians over them)")
     parser.add_argument(
         "--jaxmarl-python",
         default="/tmp/jaxmarl-venv/bin/python",
@@ -95,7 +95,9 @@ def main():
         action="store_true",
         help="both on the GPU: ours with --cuda, JAX on its CUDA backend (writes jaxmarl_cuda.*)",
     )
-    parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply both sides' env steps (shorter runs)")
+    parser.add_argument(
+        "--steps-scale", type=positive(float), default=1.0, help="multiply both sides' env steps (shorter runs)"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if not shutil.which(args.jaxmarl_python):

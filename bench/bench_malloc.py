@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from bench_train import run_dir_of, sps
 from compare_losses import losses
-from host import cpu_name
+from host import cpu_name, positive, scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -35,9 +35,9 @@ GLIBC = {"FLASHMARL_MALLOC": "glibc"}  # runtime.keep_freed_memory() leaves glib
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", default="mappo,ippo,maddpg,coma,qmix", help="comma-separated scripts")
-    parser.add_argument("--steps", type=int, default=160_000, help="env steps per run")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per script and setting")
+    parser.add_argument("--algos", type=scripts, default="mappo,ippo,maddpg,coma,qmix", help="comma-separated scripts")
+    parser.add_argument("--steps", type=positive(int), default=160_000, help="env steps per run")
+    parser.add_argument("--repeats", type=positive(int), default=2, help="runs per script and setting")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     load_before, rows = os.getloadavg(), []

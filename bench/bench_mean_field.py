@@ -26,6 +26,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
+from host import positive
 
 from buffers import kernels, reference
 
@@ -81,8 +82,8 @@ def bench_train(steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=64_000, help="env steps of each training run")
+    parser.add_argument("--repeats", type=positive(int), default=200)
+    parser.add_argument("--steps", type=positive(int), default=64_000, help="env steps of each training run")
     parser.add_argument("--no-train", action="store_true", help="the kernel only")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()

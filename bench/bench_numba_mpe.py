@@ -36,7 +36,7 @@ from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from host import cpu_name  # noqa: E402
+from host import cpu_name, positive  # noqa: E402
 
 from envs.mpe import SCENARIOS, make_vec  # noqa: E402
 from envs.mpe.mpe2_bridge import mpe2_module  # noqa: E402
@@ -243,12 +243,14 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=0.5, help="length of one timed round")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per figure (the best is kept)")
+    parser.add_argument("--seconds", type=positive(float), default=0.5, help="length of one timed round")
+    parser.add_argument("--repeats", type=positive(int), default=3, help="timed rounds per figure (the best is kept)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario ids")
     parser.add_argument("--out", default=str(ROOT / "results" / "speed" / "numba_mpe"), help="output stem")
     parser.add_argument("--validation", action="store_true", help="only the cost of step()'s input checks")
     args = parser.parse_args()
+    if unknown := [name for name in args.scenarios.split(",") if name not in SCENARIOS]:
+        parser.error(f"--scenarios: {', '.join(unknown)} unknown; the Numba MPE's: {', '.join(SCENARIOS)}")
     if hasattr(os, "sched_setaffinity"):  # one core: the last one this process may use
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     started = time.perf_counter()

@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_numba_mpe import best_rate, machine  # noqa: E402
+from host import positive  # noqa: E402
 
 from envs import foraging, warehouse  # noqa: E402
 from envs.foraging_numba import ForagingVecEnv  # noqa: E402
@@ -198,8 +199,8 @@ def markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=["lbf", "rware", "both"], default="both")
-    parser.add_argument("--seconds", type=float, default=1.0, help="seconds per timed round")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per figure (the best counts)")
+    parser.add_argument("--seconds", type=positive(float), default=1.0, help="seconds per timed round")
+    parser.add_argument("--repeats", type=positive(int), default=3, help="timed rounds per figure (the best counts)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from host import cpu_name
+from host import cpu_name, positive
 
 import envs
 from envs.relations import WithRelations
@@ -36,9 +36,9 @@ def seconds_per_step(env, actions: np.ndarray) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-envs", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--num-envs", type=positive(int), default=128)
+    parser.add_argument("--steps", type=positive(int), default=200)
+    parser.add_argument("--rounds", type=positive(int), default=7)
     parser.add_argument("--out", default=str(ROOT / "results" / "speed"))
     args = parser.parse_args()
     rows = []

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_update import MATCHED
-from host import cpu_name
+from host import cpu_name, positive
 
 import envs
 from buffers import RolloutBuffer, float_tensor
@@ -86,7 +86,7 @@ def measure(iterations):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--iterations", type=positive(int), default=10)
     args = ap.parse_args()
     torch.set_num_threads(1)
     load = os.getloadavg()

@@ -30,7 +30,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from host import cpu_name
+from host import cpu_name, positive
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import envs
@@ -87,10 +87,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", default=ALGOS, help="comma-separated scripts")
     parser.add_argument("--envs", default=ENVS, help="comma-separated env ids")
-    parser.add_argument("--steps", type=int, default=120_000, help="env steps of each timed run")
-    parser.add_argument("--on-policy-steps", type=int, default=20_000_000, help="budget of an on-policy run")
-    parser.add_argument("--off-policy-steps", type=int, default=2_000_000, help="budget of an off-policy run")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per cell, for the sweep's total")
+    parser.add_argument("--steps", type=positive(int), default=120_000, help="env steps of each timed run")
+    parser.add_argument("--on-policy-steps", type=positive(int), default=20_000_000, help="budget of an on-policy run")
+    parser.add_argument("--off-policy-steps", type=positive(int), default=2_000_000, help="budget of an off-policy run")
+    parser.add_argument("--seeds", type=positive(int), default=3, help="seeds per cell, for the sweep's total")
     parser.add_argument("--eval-timing-episodes", type=int, default=100, help="package episodes timed per task")
     parser.add_argument("--eval-per-run", type=int, default=5000, help="evaluation episodes a run plays")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -99,6 +99,8 @@ def main():
     algos, env_ids = args.algos.split(","), args.envs.split(",")
     if unknown := [a for a in algos if not (ROOT / "algos" / f"{a}.py").is_file()]:
         parser.error(f"no script algos/<name>.py for {', '.join(unknown)}")
+    if unknown := [e for e in env_ids if ":" not in e and envs.lookup(e) is None]:
+        parser.error(f"--envs: {', '.join(unknown)}: not an env id of envs.make (envs.known_ids())")
     if args.eval_timing_episodes < 1 or args.eval_per_run < 0:
         parser.error("--eval-timing-episodes must be at least 1 and --eval-per-run at least 0 (0: no evaluation)")
     load_before, rows = os.getloadavg(), []

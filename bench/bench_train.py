@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_envs import raw_loop
-from host import cpu_name
+from host import cpu_name, positive, scripts
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from envs.registry import build_parallel_env
@@ -198,10 +198,10 @@ def method_line(path, cls, name):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=320_000, help="env steps per Numba-MPE run")
-    parser.add_argument("--pz-steps", type=int, default=64_000, help="env steps per mpe2 (PettingZoo) run")
-    parser.add_argument("--algos", default="mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,vdn,qmix,wqmix,coma,vdac",
-                        help="comma-separated scripts")  # fmt: skip
+    parser.add_argument("--steps", type=positive(int), default=320_000, help="env steps per Numba-MPE run")
+    parser.add_argument("--pz-steps", type=positive(int), default=64_000, help="env steps per mpe2 (PettingZoo) run")
+    parser.add_argument("--algos", type=scripts, help="comma-separated scripts",
+                        default="mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,vdn,qmix,wqmix,coma,vdac")  # fmt: skip
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--name", default="train", help="file names of the report: <out>/<name>.md and .json")
     args = parser.parse_args()

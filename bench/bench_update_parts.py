@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from host import cpu_name
+from host import cpu_name, positive
 
 from runtime import Categorical, clip_grad_norm
 
@@ -116,8 +116,8 @@ def measure(rows, rounds, number):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--number", type=int, default=50, help="calls per timing")
+    ap.add_argument("--rounds", type=positive(int), default=5)
+    ap.add_argument("--number", type=positive(int), default=50, help="calls per timing")
     args = ap.parse_args()
     torch.set_num_threads(1)
     shapes = {"matched (512 x 3 rows; acting 16 x 3)": 1536, "defaults (3,200 x 3 rows; acting 128 x 3)": 9600}

@@ -79,6 +79,9 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "results" / "speed" / "compare_commits.md"))
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed) for a closer look")
     a = p.parse_args()
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{a.base}^{{commit}}"], cwd=ROOT,
+                      capture_output=True).returncode:  # fmt: skip
+        p.error(f"--base {a.base}: not a commit of this repository (git log --oneline lists them)")
     work = Path(tempfile.mkdtemp(prefix="compare_commits_"))
     base = work / "base"
     subprocess.run(["git", "worktree", "add", "--detach", str(base), a.base], cwd=ROOT, check=True, capture_output=True)

@@ -1,6 +1,8 @@
 """What the benchmarks of bench/ share: the machine they ran on, named the same way in every table."""
 
+import argparse
 import platform
+from pathlib import Path
 
 
 def cpu_name() -> str:
@@ -10,3 +12,34 @@ def cpu_name() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+ALGOS_DIR = Path(__file__).resolve().parent.parent / "algos"
+
+
+def positive(kind=int):
+    """An argparse type: a number of `kind` above zero (a count of steps, rounds or seconds); anything else is one
+    error line naming what was given, not an empty median or a division by zero minutes later."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what} > 0, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def scripts(text: str) -> str:
+    """An argparse type: comma-separated scripts of algos/, each one there (the text is returned as given)."""
+    names = [name for name in text.split(",") if name]
+    missing = [name for name in names if not (ALGOS_DIR / f"{name}.py").is_file()]
+    if missing or not names:
+        known = ", ".join(sorted(p.stem for p in ALGOS_DIR.glob("*.py")))
+        raise argparse.ArgumentTypeError(f"no script algos/<name>.py for {', '.join(missing) or repr(text)} "
+                                         f"(there are: {known})")  # fmt: skip
+    return text

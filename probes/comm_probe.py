@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from envs import make  # noqa: E402
-from runtime.checkpoint import read_checkpoint  # noqa: E402
+from runtime.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from runtime.evaluation import FINAL_SEED  # noqa: E402
 from runtime.opponents import load_team, random_actor  # noqa: E402
 
@@ -188,10 +188,15 @@ def main(argv=None):
     parser.add_argument("--episodes", type=int, default=1000)
     parser.add_argument("--out", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes {args.episodes}: must be >= 1")
     torch.set_num_threads(1)
     rows = []
     for path in ["random", "scripted", *args.checkpoints]:
-        ckpt = None if path in ("random", "scripted") else read_checkpoint(path)
+        try:
+            ckpt = None if path in ("random", "scripted") else read_checkpoint(path)
+        except CheckpointError as e:
+            parser.error(str(e))
         continuous = bool(ckpt and ckpt["args"].get("continuous_actions", False))
         env = make(args.env_id, num_envs=1, seed=0, backend="numba", continuous_actions=continuous)
         specs = dict(env.groups)

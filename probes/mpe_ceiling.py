@@ -63,6 +63,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=1000, help="episodes per setting (default 1000)")
     args = parser.parse_args()
+    if args.episodes < 1:
+        parser.error(f"--episodes {args.episodes}: must be >= 1")
     for continuous in (False, True):
         score, kp, kd = max((play(kp, kd, continuous, args.episodes), kp, kd) for kp, kd in GAINS)
         print(f"{ENV_ID} {'continuous' if continuous else 'discrete'}: {score:.2f} (kp {kp}, kd {kd})")

@@ -143,3 +143,30 @@ def test_every_profiled_phase_of_bench_train_names_a_function_its_file_defines()
             assert name in defs, f"{algo}: {name} not defined in {where}"
             if cls:  # method_line finds it where cProfile keys it
                 assert bench_train.method_line(ROOT / path, cls, name) > 0
+
+
+def test_bench_counts_and_script_names_are_checked_as_they_are_parsed(capsys):
+    """--repeats 0 ended minutes later in "no median for empty data", --steps 0 in a division by zero or a failed
+    run's CalledProcessError, --algos nosuch in a FileNotFoundError: each was a traceback, now one error line."""
+    import argparse
+
+    import host
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=host.positive(int), default=3)
+    parser.add_argument("--seconds", type=host.positive(float), default=1.0)
+    parser.add_argument("--algos", type=host.scripts, default="mappo")
+    for argv, says in ((["--repeats", "0"], "argument --repeats: must be > 0, got 0"),
+                       (["--repeats", "2.5"], "argument --repeats: expected a whole number > 0, got '2.5'"),
+                       (["--seconds", "-1"], "argument --seconds: must be > 0, got -1"),
+                       (["--algos", "mappo,nosuch"], "--algos: no script algos/<name>.py for nosuch (there are:"),
+                       (["--algos", ","], "argument --algos: no script algos/<name>.py for ','")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        assert e.value.code == 2 and says in capsys.readouterr().err, argv
+    args = parser.parse_args(["--repeats", "5", "--seconds", "0.5", "--algos", "mappo,qmix"])
+    assert (args.repeats, args.seconds, args.algos) == (5, 0.5, "mappo,qmix")  # the text as given: callers split it
+    out = subprocess.run([sys.executable, str(BENCH / "bench_relations.py"), "--rounds", "0"], capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 2 and "argument --rounds: must be > 0, got 0" in out.stderr
+    assert "Traceback" not in out.stderr
