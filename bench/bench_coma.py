@@ -26,7 +26,6 @@ import os
 import platform
 import runpy
 import statistics
-import subprocess
 import sys
 import time
 from datetime import date
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from host import cpu_name, positive
+from host import cpu_name, positive, run_or_exit
 
 from envs.api import GroupSpec
 
@@ -113,7 +112,7 @@ def main():
         row["allocator"] = "glibc default"
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(KEEP), MALLOC_TRIM_THRESHOLD_=str(KEEP))
     child = [sys.executable, __file__, "--steps", str(args.steps), "--repeats", str(args.repeats), "--rows-only"]
-    kept = json.loads(subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout)
+    kept = json.loads(run_or_exit(child, env=env, text=True).stdout)
     rows += [dict(row, allocator="large blocks kept") for row in kept]
     report = dict(date=date.today().isoformat(), cpu=cpu_name(), python=platform.python_version(),
                   torch=torch.__version__, load_average=os.getloadavg(), command="python bench/bench_coma.py",

@@ -34,7 +34,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from host import cpu_name, positive
+from host import cpu_name, positive, run_or_exit
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def ours(script, flags, steps, workdir, cuda=False):
     run_dir = Path(workdir) / script
     cmd = [sys.executable, str(ROOT / "algos" / f"{script}.py"), *MATCHED.split(), *flags.split(),
            "--total-timesteps", str(steps), "--run-dir", str(run_dir), *(["--cuda"] if cuda else [])]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, env=os.environ | SINGLE_THREAD, check=True, capture_output=True)
+    run_or_exit(cmd, cwd=ROOT, env=os.environ | SINGLE_THREAD)
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     sps = acc.Scalars("charts/SPS")  # env steps / seconds since training started, after every iteration

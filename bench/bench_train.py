@@ -21,7 +21,6 @@ import os
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 from datetime import date
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_envs import raw_loop
-from host import cpu_name, positive, scripts
+from host import cpu_name, positive, run_or_exit, scripts
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from envs.registry import build_parallel_env
@@ -157,7 +156,7 @@ def sps(algo, backend, steps, threads, workdir, vector="sync", extra="", env=Non
     flags += f" --torch-threads {threads}"
     flags += f" --vector {vector}" * (vector != "sync") + f" {extra}" * bool(extra)
     cmd = [sys.executable, str(ROOT / "algos" / f"{algo}.py"), *flags.split(), "--run-dir", str(run_dir)]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, env=env)
+    run_or_exit(cmd, cwd=ROOT, env=env)
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return acc.Scalars("charts/SPS")[-1].value, " ".join(cmd[1:]).replace(str(ROOT) + "/", "")
@@ -177,7 +176,7 @@ def profile(algo, steps, workdir):
     cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(ROOT / "algos" / f"{algo}.py"), "--backend", "numba",
            "--total-timesteps", str(steps), "--eval-interval", "0", "--eval-episodes", "1",
            "--final-eval-episodes", "0", "--run-dir", str(Path(workdir) / f"prof_{algo}")]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    run_or_exit(cmd, cwd=ROOT)
     stats = pstats.Stats(str(prof)).stats
     main = next(v[3] for (f, _, name), v in stats.items() if name == "main" and f.endswith(f"algos/{algo}.py"))
     rows = {}

@@ -2,6 +2,8 @@
 
 import argparse
 import platform
+import shlex
+import subprocess
 from pathlib import Path
 
 
@@ -43,3 +45,14 @@ def scripts(text: str) -> str:
         raise argparse.ArgumentTypeError(f"no script algos/<name>.py for {', '.join(missing) or repr(text)} "
                                          f"(there are: {known})")  # fmt: skip
     return text
+
+
+def run_or_exit(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run of one measured run, its output captured; a run that fails ends the benchmark in one line with
+    the command and the run's own last words (its `error:` line), not a CalledProcessError that hides them."""
+    done = subprocess.run(cmd, capture_output=True, **kwargs)
+    if done.returncode:
+        said = done.stderr if isinstance(done.stderr, str) else done.stderr.decode(errors="replace")
+        last = next((line for line in reversed(said.strip().splitlines()) if line.strip()), "no output")
+        raise SystemExit(f"error: {shlex.join(map(str, cmd))} failed (exit {done.returncode}): {last.strip()}")
+    return done

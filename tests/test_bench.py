@@ -170,3 +170,14 @@ def test_bench_counts_and_script_names_are_checked_as_they_are_parsed(capsys):
                          text=True, timeout=300)  # fmt: skip
     assert out.returncode == 2 and "argument --rounds: must be > 0, got 0" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_measured_run_that_fails_ends_the_benchmark_with_its_own_error_line():
+    """bench_train/bench_malloc/bench_jaxmarl ended a failed run in a CalledProcessError whose text has the command
+    but not the run's reason."""
+    import host
+
+    with pytest.raises(SystemExit) as e:
+        host.run_or_exit([sys.executable, "-c", "import sys; print('noise'); sys.exit('error: --num-envs 0 must be')"])
+    assert str(e.value).startswith("error: ") and str(e.value).endswith("failed (exit 1): error: --num-envs 0 must be")
+    assert host.run_or_exit([sys.executable, "-c", "print('ok')"], text=True).stdout == "ok\n"
