@@ -27,6 +27,7 @@ Every failure to build an env is one short exception whose message says what to 
 import functools
 import importlib
 import inspect
+import numbers
 import sys
 from dataclasses import dataclass
 
@@ -267,8 +268,9 @@ def make(
 
 
 def _make(env_id, num_envs, seed, vector, backend, num_workers, **env_kwargs) -> VecEnv:
-    if num_envs < 1:
-        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    for name, value, least in (("num_envs", num_envs, 1), ("seed", seed, 0)):  # not '<' between str and int later
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     entry = None if ":" in env_id else lookup(env_id)
     family = entry.family if entry is not None else None
     magent = family == "magent"

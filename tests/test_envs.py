@@ -7,6 +7,7 @@ tests reach it through the `"module:function"` id form.
 """
 
 import os
+import re
 import sys
 import time
 import types
@@ -545,6 +546,22 @@ def test_wrong_env_arguments_are_clear():
         envs.make("gather_v5", map_size=20)
     with pytest.raises(envs.EnvArgumentError, match="magic"):
         envs.make(SCRIPTED, magic=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_envs="4"), "num_envs must be an integer >= 1, got '4'"),  # was "'<' not supported between ..."
+        (dict(num_envs=2.5), "num_envs must be an integer >= 1, got 2.5"),
+        (dict(num_envs=0), "num_envs must be an integer >= 1, got 0"),
+        (dict(seed=-1), "seed must be an integer >= 0, got -1"),  # was gymnasium's Error, not a ValueError
+        (dict(seed="a", backend="numba"), "seed must be an integer >= 0, got 'a'"),
+    ],
+)
+def test_a_bad_env_count_or_seed_is_one_value_error(kwargs, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        envs.make("simple_spread_v3", **kwargs)
+    assert envs.make("simple_spread_v3", np.int64(2), np.int64(3), backend="numba").num_envs == 2
 
 
 def test_env_kwargs_pass_through():
