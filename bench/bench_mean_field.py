@@ -15,7 +15,6 @@ battle_v4 with the native MAgent2 backend, measured in one run.
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
-from host import positive
+from host import cpu_name, positive
 
 from buffers import kernels, reference
 
@@ -88,15 +87,15 @@ def main():
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     kernels.warmup()
-    report = dict(date=date.today().isoformat(), cpu=platform.processor() or platform.machine(),
+    report = dict(date=date.today().isoformat(), cpu=cpu_name(),
                   load_average=os.getloadavg(), command="python bench/bench_mean_field.py" + (
                       " --no-train" if args.no_train else ""), kernel=bench_kernel(args.repeats),
                   train=[] if args.no_train else bench_train(args.steps))  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mean_field.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# Mean-field MARL speed", "",
-             f"Measured {report['date']}, load average {', '.join(f'{x:.1f}' for x in report['load_average'])}. "
-             f"Regenerate: `{report['command']}`.", "",
+             f"Measured {report['date']} on {report['cpu']}, load average "
+             f"{', '.join(f'{x:.1f}' for x in report['load_average'])}. Regenerate: `{report['command']}`.", "",
              "## The neighbour mean action (ns per agent-step, median)", "",
              "| case | envs | agents | actions | radius | compiled | reference | speedup |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
