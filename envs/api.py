@@ -4,6 +4,7 @@ Every backend (PettingZoo sync/subprocess, the Numba MPE) returns these types, s
 sees a PettingZoo dict. Arrays are batched over envs first: E envs, A agents of a group.
 """
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,6 +127,27 @@ def unexpected_arguments(env_id: str, given, accepted) -> str | None:
     if not unexpected:
         return None
     return f"{env_id} got unexpected argument(s) {', '.join(unexpected)}; it accepts: {', '.join(sorted(accepted))}"
+
+
+def mistyped_argument(env_id: str, given: dict, defaults: dict) -> str | None:
+    """The sentence for the first keyword argument whose value is not of its default's kind (`defaults`: name -> a
+    default value or a type): true or false for a flag, a whole number for a count, a number for a rate; and N and
+    max_cycles at least 1 (N=0 failed deep in the env's construction). None when every value fits."""
+    for name, value in given.items():
+        default = defaults.get(name)
+        kind = default if isinstance(default, type) else type(default)
+        if kind is bool and not isinstance(value, bool):
+            expected = "true or false"
+        elif kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            expected = "a whole number"
+        elif kind is float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            expected = "a number"
+        elif name in ("N", "max_cycles") and isinstance(value, numbers.Integral) and value < 1:
+            expected = "at least 1"
+        else:
+            continue
+        return f"{env_id}'s {name} must be {expected}, got {value!r}"
+    return None
 
 
 def check_actions(actions: dict, groups: dict[str, GroupSpec], num_envs: int) -> dict[str, np.ndarray]:

@@ -305,5 +305,5 @@ class ForagingVecEnv(TeamVecEnv):
 
 def make_vec(env_id: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 50, **kwargs) -> ForagingVecEnv:
     """`num_envs` Numba copies of a Level-Based Foraging task; `render_mode` is accepted and ignored."""
-    accept_max_cycles_only(env_id, kwargs)
+    accept_max_cycles_only(env_id, max_cycles, kwargs)
     return ForagingVecEnv(env_id, num_envs, seed, max_cycles)

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 
 from envs import foraging, matrix_games, warehouse  # the task families hold their task names
-from envs.api import VecEnv, unexpected_arguments
+from envs.api import VecEnv, mistyped_argument, unexpected_arguments
 from envs.relations import declare_entities
 
 
@@ -151,25 +151,28 @@ def _import_env_module(module: str, env_id: str):
         ) from None
 
 
-def _accepted_kwargs(module) -> set[str] | None:
-    """The keyword arguments `module.parallel_env` accepts, or None when they cannot be listed."""
-    names: set[str] = set()
+def _accepted_kwargs(module) -> dict | None:
+    """The keyword arguments `module.parallel_env` accepts, each with its default (None where it has none), or None
+    when they cannot be listed."""
     for fn in (getattr(module, "parallel_env", None), getattr(module, "raw_env", None)):
         if fn is None:
             continue
         params = inspect.signature(fn).parameters.values()
-        named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        named = {
+            p.name: None if p.default is p.empty else p.default
+            for p in params
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
         if not named:  # a `**kwargs` forwarder (mpe2's parallel_env): look at raw_env instead
             continue
-        names |= named
         if any(p.kind == p.VAR_KEYWORD for p in params):
             # MAgent2 forwards **kwargs into its reward config; the module lists the legal ones.
             home = sys.modules.get(fn.__module__, module)  # `battle_v4` re-exports `battle.battle`
             extra = getattr(home, "default_reward_args", None) or getattr(home, "default_env_args", None)
             if extra is None:
                 return None
-            names |= set(extra)
-        return names - {"self", "seed"}
+            named |= dict(extra)
+        return {name: default for name, default in named.items() if name not in ("self", "seed")}
     return None
 
 
@@ -187,9 +190,11 @@ def build_parallel_env(env_id: str, **env_kwargs):
     module = _import_env_module(entry.module, env_id)
     kwargs = {"render_mode": "rgb_array", **env_kwargs}
     accepted = _accepted_kwargs(module)
-    if entry.task is not None:  # the id names the task: not an argument of its own
-        accepted = None if accepted is None else accepted - {"task"}
-    if accepted is not None and (refusal := unexpected_arguments(env_id, kwargs, accepted)):
+    if entry.task is not None and accepted is not None:  # the id names the task: not an argument of its own
+        accepted.pop("task", None)
+    if accepted is not None and (
+        refusal := unexpected_arguments(env_id, kwargs, accepted) or mistyped_argument(env_id, kwargs, accepted)
+    ):
         raise EnvArgumentError(refusal)
     if entry.task is not None:
         kwargs["task"] = entry.task

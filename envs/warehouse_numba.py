@@ -490,5 +490,5 @@ class WarehouseVecEnv(TeamVecEnv):
 
 def make_vec(env_id: str, num_envs: int = 1, seed: int = 0, max_cycles: int = 500, **kwargs) -> WarehouseVecEnv:
     """`num_envs` Numba copies of an RWARE task; `render_mode` is accepted and ignored."""
-    accept_max_cycles_only(env_id, kwargs)
+    accept_max_cycles_only(env_id, max_cycles, kwargs)
     return WarehouseVecEnv(env_id, num_envs, seed, max_cycles)

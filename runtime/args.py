@@ -254,7 +254,12 @@ def env_kwargs(args) -> dict:
     if not isinstance(kwargs, dict):
         raise ValueError(f"--env-kwargs must be a JSON object such as '{{\"N\": 5}}', not {args.env_kwargs!r}")
     flags = dict(continuous_actions=args.continuous_actions or None, max_cycles=args.max_cycles, map_size=args.map_size)
-    return kwargs | {k: v for k, v in flags.items() if v is not None}
+    given = {k: v for k, v in flags.items() if v is not None}
+    for key in given.keys() & kwargs.keys():  # the flag would win without a word
+        if given[key] != kwargs[key]:
+            raise ValueError(f"--{key.replace('_', '-')} {given[key]} and --env-kwargs' {key} {kwargs[key]} disagree: "
+                             f"give it once")  # fmt: skip
+    return kwargs | given
 
 
 def make_env(args, num_envs, seed, backend=None, vector=None):

@@ -564,6 +564,27 @@ def test_a_bad_env_count_or_seed_is_one_value_error(kwargs, message):
     assert envs.make("simple_spread_v3", np.int64(2), np.int64(3), backend="numba").num_envs == 2
 
 
+@pytest.mark.parametrize(
+    "env_id, backend, kwargs, message",
+    [
+        ("simple_spread_v3", "numba", {"N": 0}, "simple_spread_v3's N must be at least 1, got 0"),  # "need at least
+        ("simple_spread_v3", "pettingzoo", {"N": -1}, "simple_spread_v3's N must be at least 1, got -1"),  # one array"
+        ("simple_spread_v3", "numba", {"N": 2.5}, "simple_spread_v3's N must be a whole number, got 2.5"),
+        ("simple_spread_v3", "numba", {"continuous_actions": "yes"}, "continuous_actions must be true or false, got"),
+        ("simple_spread_v3", "pettingzoo", {"local_ratio": "x"}, "simple_spread_v3's local_ratio must be a number"),
+        ("Foraging-8x8-2p-2f-coop", "numba", {"max_cycles": 0}, "max_cycles must be at least 1, got 0"),  # ran: 0.00
+        ("rware-tiny-2ag", "numba", {"max_cycles": 2.5}, "rware-tiny-2ag's max_cycles must be a whole number, got 2.5"),
+        ("battle_v4", "native", {"map_size": "big"}, "battle_v4's map_size must be a whole number, got 'big'"),
+    ],
+)
+def test_an_env_argument_of_the_wrong_kind_is_named(env_id, backend, kwargs, message):
+    """Each was a cryptic error from deep in the env, a traceback (battle's '<' between str and int) or, for
+    max_cycles 0 and 2.5 on the ports and continuous_actions 'yes' on the MPE, a run that went ahead."""
+    with pytest.raises(envs.EnvArgumentError, match=re.escape(message)):
+        envs.make(env_id, 1, 0, backend=backend, **kwargs)
+    envs.make("simple_spread_v3", 1, 0, backend="numba", N=4, local_ratio=1).close()  # an int is a number
+
+
 def test_env_kwargs_pass_through():
     vec = envs.make("simple_spread_v3", N=5, max_cycles=7, local_ratio=0.0)
     assert vec.groups["agent"].n_agents == 5 and vec.max_steps == 7 and vec.state_shape == (5 * 30,)

@@ -209,6 +209,16 @@ def test_every_bad_argument_is_refused_naming_the_flag(change, message):
         check_args(dataclasses.replace(Flags(), **change))
 
 
+def test_an_env_flag_and_env_kwargs_that_disagree_are_refused_not_settled_by_the_flag():
+    """--max-cycles 5 --env-kwargs '{"max_cycles": 7}' ran 5-step episodes without a word."""
+    from runtime.args import env_kwargs
+
+    with pytest.raises(ValueError, match=r"^--max-cycles 5 and --env-kwargs' max_cycles 7 disagree: give it once$"):
+        env_kwargs(dataclasses.replace(Flags(), max_cycles=5, env_kwargs='{"max_cycles": 7}'))
+    agreed = dataclasses.replace(Flags(), max_cycles=7, map_size=None, env_kwargs='{"max_cycles": 7, "N": 4}')
+    assert env_kwargs(agreed) == {"max_cycles": 7, "N": 4}
+
+
 def test_cuda_without_a_device_and_track_without_wandb_are_refused():
     with mock.patch("torch.cuda.is_available", return_value=False):
         with pytest.raises(ArgumentError, match="--cuda was given but no CUDA device is available: drop --cuda"):
