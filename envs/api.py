@@ -150,6 +150,12 @@ def mistyped_argument(env_id: str, given: dict, defaults: dict) -> str | None:
     return None
 
 
+def refused_arguments(env_id: str, given: dict, defaults: dict) -> str | None:
+    """Why a backend refuses keyword arguments (`defaults`: what it accepts, name -> default value or type): one it
+    does not take, else one of the wrong kind; None when it takes them all."""
+    return unexpected_arguments(env_id, given, defaults) or mistyped_argument(env_id, given, defaults)
+
+
 def check_actions(actions: dict, groups: dict[str, GroupSpec], num_envs: int) -> dict[str, np.ndarray]:
     """The actions `step` takes, checked as every backend checks them; returns group -> array.
 

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 
 from envs import foraging, matrix_games, warehouse  # the task families hold their task names
-from envs.api import VecEnv, mistyped_argument, unexpected_arguments
+from envs.api import VecEnv, refused_arguments
 from envs.relations import declare_entities
 
 
@@ -192,9 +192,7 @@ def build_parallel_env(env_id: str, **env_kwargs):
     accepted = _accepted_kwargs(module)
     if entry.task is not None and accepted is not None:  # the id names the task: not an argument of its own
         accepted.pop("task", None)
-    if accepted is not None and (
-        refusal := unexpected_arguments(env_id, kwargs, accepted) or mistyped_argument(env_id, kwargs, accepted)
-    ):
+    if accepted is not None and (refusal := refused_arguments(env_id, kwargs, accepted)):
         raise EnvArgumentError(refusal)
     if entry.task is not None:
         kwargs["task"] = entry.task

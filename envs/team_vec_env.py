@@ -13,16 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.api import (
-    EpisodeStats,
-    GroupSpec,
-    Observation,
-    StepResult,
-    VecEnv,
-    check_actions,
-    mistyped_argument,
-    unexpected_arguments,
-)
+from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions, refused_arguments
 from envs.mpe.vec_env import seed_states
 
 
@@ -135,7 +126,5 @@ def accept_max_cycles_only(env_id: str, max_cycles, kwargs: dict) -> None:
     """A port's `make_vec` takes `max_cycles` alone, a whole number >= 1: `render_mode` is accepted and ignored,
     anything else refused."""
     kwargs.pop("render_mode", None)
-    if refusal := unexpected_arguments(env_id, kwargs, ["max_cycles"]) or mistyped_argument(
-        env_id, {"max_cycles": max_cycles}, {"max_cycles": int}
-    ):
+    if refusal := refused_arguments(env_id, kwargs | {"max_cycles": max_cycles}, {"max_cycles": int}):
         raise TypeError(refusal)

@@ -12,16 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.api import (
-    EpisodeStats,
-    GroupSpec,
-    Observation,
-    StepResult,
-    VecEnv,
-    check_actions,
-    mistyped_argument,
-    unexpected_arguments,
-)
+from envs.api import EpisodeStats, GroupSpec, Observation, StepResult, VecEnv, check_actions, refused_arguments
 from envs.mpe.kernels import observe_envs, reset_envs, step_envs
 from envs.mpe.physics import WorldSpec, new_world_state
 from envs.mpe.scenarios import COMMON_KWARGS, SCENARIOS, Layout, Scenario, build_spec
@@ -41,9 +32,7 @@ def find_scenario(env_id: str) -> Scenario:
 def resolve_kwargs(scenario: Scenario, kwargs: dict) -> dict:
     """mpe2's keyword arguments with its defaults filled in; unknown or unsupported ones raise."""
     allowed = scenario.defaults()
-    if refusal := unexpected_arguments(scenario.name, kwargs, allowed) or mistyped_argument(
-        scenario.name, kwargs, allowed
-    ):
+    if refusal := refused_arguments(scenario.name, kwargs, allowed):
         raise TypeError(refusal)
     resolved = {**allowed, **kwargs}
     if resolved["benchmark_data"]:
