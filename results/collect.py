@@ -837,7 +837,11 @@ def main(argv: list[str] | None = None) -> int:
     for line in unfinished:
         print(line, file=sys.stderr)
     if not groups:
-        print(f"no finished runs under {args.out / 'runs'}", file=sys.stderr)
+        runs = args.out / "runs"  # a typo in --envs: say so, and which envs are there
+        asked = [f"--{k} {','.join(v)}" for k, v in (("envs", args.envs), ("algos", args.algos)) if v]
+        there = sorted(p.name for p in runs.iterdir() if p.is_dir()) if args.envs and runs.is_dir() else []
+        print(f"no finished runs{' of ' + ' and '.join(asked) if asked else ''} under {runs}"
+              + (f" (the envs there: {', '.join(there)})" if there else ""), file=sys.stderr)  # fmt: skip
         return 1
     paths, errors = collect(args.out, groups)
     for path in paths:

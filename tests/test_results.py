@@ -1320,6 +1320,15 @@ def test_make_readme_refuses_a_missing_results_root_or_reference_file(flags, mes
     assert not (tmp_path / "nowhere").exists() and not (tmp_path / "README.md").exists()
 
 
+def test_collect_with_a_typo_in_envs_names_the_envs_there(local_sweep, tmp_path, capsys):
+    """--envs env_y said only "no finished runs under .../runs", as if the sweep had not run."""
+    out = tmp_path / "results"
+    shutil.copytree(local_sweep[0], out)
+    assert collect.main(["--out", str(out), "--envs", "env_y", "--algos", "fake_a"]) == 1
+    err = capsys.readouterr().err
+    assert f"no finished runs of --envs env_y and --algos fake_a under {out / 'runs'} (the envs there: env_x)" in err
+
+
 def test_collect_refuses_a_copied_run_directory_naming_both(local_sweep, tmp_path, capsys):
     """A copy of seed1's directory as seed2 counted as a third seed of the same run; a directory whose name is not
     the seed it trained would record a seed that never ran. Both are refused, and the result file stays as it was."""
