@@ -99,8 +99,8 @@ def main():
     algos, env_ids = args.algos.split(","), args.envs.split(",")
     if unknown := [a for a in algos if not (ROOT / "algos" / f"{a}.py").is_file()]:
         parser.error(f"no script algos/<name>.py for {', '.join(unknown)}")
-    if unknown := [e for e in env_ids if ":" not in e and envs.lookup(e) is None]:
-        parser.error(f"--envs: {', '.join(unknown)}: not an env id of envs.make (envs.known_ids())")
+    if unknown := [reason for e in env_ids if (reason := envs.unknown_id(e))]:
+        parser.error(f"--envs: {'; '.join(unknown)}")
     if args.eval_timing_episodes < 1 or args.eval_per_run < 0:
         parser.error("--eval-timing-episodes must be at least 1 and --eval-per-run at least 0 (0: no evaluation)")
     load_before, rows = os.getloadavg(), []

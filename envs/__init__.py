@@ -28,6 +28,7 @@ from envs.registry import (
     known_ids,
     lookup,
     make,
+    unknown_id,
 )
 from envs.subproc import EnvWorkerError, SubprocVecEnv
 from envs.video import record_episode, write_video
@@ -51,5 +52,6 @@ __all__ = [
     "make",
     "make_gym",
     "record_episode",
+    "unknown_id",
     "write_video",
 ]

@@ -129,6 +129,19 @@ def lookup(env_id: str) -> EnvEntry | None:
     return None
 
 
+def unknown_id(env_id: str) -> str | None:
+    """Why `make` would refuse `env_id` as an id, in one line, for checking a flag before anything is built (a typo
+    in --env-id): None for a registered id, an LBF or RWARE task the packages build, or a "package.module:function"
+    path (imported when built)."""
+    if ":" in env_id:
+        return None
+    try:
+        found = lookup(env_id)
+    except UnknownEnvError as err:  # an LBF or RWARE name outside the packages' range: it says what they build
+        return str(err)
+    return None if found is not None else f"{env_id!r} is not an env id of envs.make (envs.known_ids())"
+
+
 def _unknown_id_message(env_id: str) -> str:
     by_family: dict[str, list[str]] = {}
     for name, entry in REGISTRY.items():

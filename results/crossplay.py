@@ -292,8 +292,8 @@ def main(argv=None) -> int:
         seeds = parse_seeds(args.seeds)
         if len(algos) < 2 - bool(args.keep) or not seeds or args.episodes < 1:
             raise ValueError("cross-play needs two scripts or more (--algos), a seed (--seeds) and --episodes >= 1")
-        if ":" not in args.env_id and envs.lookup(args.env_id) is None:  # before "train the rows first" for a typo
-            raise ValueError(f"--env-id {args.env_id!r} is not an env id of envs.make (envs.known_ids())")
+        if reason := envs.unknown_id(args.env_id):  # before "train the rows first" for a typo
+            raise ValueError(f"--env-id {reason}")
         if "/" in args.variant or args.variant in ("..", "."):
             raise ValueError(f"--variant {args.variant!r} names a folder of --runs: no '/' in it")
         paths = {(a, s): args.runs / args.env_id / label(a) / f"seed{s}" / "last.pt" for a in algos for s in seeds}

@@ -18,6 +18,7 @@ import dataclasses
 import importlib.util
 import io
 import json
+import re
 import shlex
 import sys
 import textwrap
@@ -87,6 +88,19 @@ def script_args(script: str) -> type | None:
     return getattr(module, "Args", None)
 
 
+def parse_script_args(script: str, argv: list[str]) -> tuple[object | None, str | None]:
+    """``(args, None)``: argv parsed with the script's ``Args`` the way the script parses its command line; or
+    ``(None, reason)`` where it would refuse them, reason being tyro's own line ("Unrecognized options: --rnn") rather
+    than its box on stderr."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            return tyro.cli(script_args(script), args=argv), None
+    except SystemExit:
+        found = re.search(r"(Unrecognized options: .*?|Error parsing .*?)\s*$", said.getvalue(), re.M)
+        return None, found[1] if found else f"python {script} --help lists what it takes"
+
+
 def config_drift(result: dict) -> str | None:
     """What rerunning the result's recorded command today would change, in words; None when nothing would.
 
@@ -107,11 +121,9 @@ def config_drift(result: dict) -> str | None:
     args_cls = script_args(argv[1])
     if not (isinstance(args_cls, type) and dataclasses.is_dataclass(args_cls)):
         return None
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):  # tyro's box on an unknown flag: the answer says it
-            today = tyro.cli(args_cls, args=argv[2:])
-    except SystemExit:
-        return "its command no longer parses (a flag was renamed or removed)"
+    today, refusal = parse_script_args(argv[1], argv[2:])
+    if refusal:
+        return f"its command no longer parses (a flag was renamed or removed: {refusal})"
     recorded = getattr(args_cls, "BEFORE_FLAGS", {}) | result["config"]  # what runs older than a flag ran with
     if isinstance(recorded.get("feature_norm"), bool):  # the flag's values when it was a bool, in today's words
         from runtime.norm import FEATURE_NORM_BEFORE

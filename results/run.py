@@ -311,22 +311,13 @@ def extra_refusal(algos: list[str], extra_argv: list[str]) -> str | None:
     would otherwise fail at its start, one FAILED line a run."""
     if not extra_argv:
         return None
-    import contextlib
-    import io
-
-    import tyro
-    from make_readme import script_args
+    from make_readme import parse_script_args
 
     for algo in algos:
         if not (REPO_ROOT / "algos" / f"{algo}.py").is_file():
             continue  # plan() names a script that does not exist
-        said = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-                tyro.cli(script_args(f"algos/{algo}.py"), args=extra_argv)
-        except SystemExit:
-            found = re.search(r"(Unrecognized options: .*?|Error parsing .*?)\s*$", said.getvalue(), re.M)
-            reason = found[1] if found else f"python algos/{algo}.py --help lists what it takes"
+        _, reason = parse_script_args(f"algos/{algo}.py", extra_argv)
+        if reason:
             return f"--extra {shlex.join(extra_argv)!r}: algos/{algo}.py refuses it ({reason})"
     return None
 
@@ -339,11 +330,8 @@ def unknown_envs(env_ids: list[str]) -> list[str]:
 
     unknown = []
     for env_id in env_ids:
-        try:
-            if ":" not in env_id and envs.lookup(env_id) is None and env_id not in gymnasium.registry:
-                unknown.append(f"{env_id!r} is neither an env id of envs.make (envs.known_ids()) nor a Gymnasium id")
-        except envs.UnknownEnvError as e:  # an LBF or RWARE name outside the packages' range
-            unknown.append(str(e))
+        if (reason := envs.unknown_id(env_id)) and env_id not in gymnasium.registry:
+            unknown.append(f"{reason}, nor a Gymnasium id")
     return unknown
 
 

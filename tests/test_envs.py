@@ -537,6 +537,18 @@ def test_unknown_id_lists_the_known_ones():
         envs.make("mpe2.simple_v3:no_such_function")
 
 
+def test_unknown_id_says_in_one_line_why_an_id_would_be_refused_before_anything_is_built():
+    """The check behind --env-id / --envs in results/run.py, crossplay.py and bench_sweep_cost.py."""
+    for env_id in ("simple_spread_v3", "battle_v4", "Foraging-8x8-2p-2f-coop", "Foraging-6x6-2p-1f", "rware-tiny-2ag",
+                   "mpe2.simple_v3:parallel_env"):  # fmt: skip
+        assert envs.unknown_id(env_id) is None, env_id
+    assert envs.unknown_id("simple_sprad_v3") == "'simple_sprad_v3' is not an env id of envs.make (envs.known_ids())"
+    said = envs.unknown_id("Foraging-4x4-2p-1f")  # the LBF grammar, outside the package's range: what it builds
+    assert said.startswith("'Foraging-4x4-2p-1f' is outside the Level-Based Foraging tasks here") and "S 5-19" in said
+    with pytest.raises(envs.UnknownEnvError):
+        envs.make("Foraging-4x4-2p-1f")  # the same id, refused by make too
+
+
 def test_wrong_env_arguments_are_clear():
     with pytest.raises(envs.EnvArgumentError, match=r"unexpected argument\(s\) bogus.*max_cycles"):
         envs.make("simple_spread_v3", bogus=1)

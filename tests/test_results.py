@@ -198,7 +198,7 @@ def test_an_env_id_no_script_knows_fails_before_running_anything(tmp_path, capsy
     with pytest.raises(SystemExit):
         sweep_runner.main([*argv, "--envs", f"{known},Foragin-8x8-2p-2f,Foraging-4x4-2p-1f"])
     err = capsys.readouterr().err
-    assert "--envs: 'Foragin-8x8-2p-2f' is neither an env id of envs.make (envs.known_ids()) nor a Gymnasium id" in err
+    assert "--envs: 'Foragin-8x8-2p-2f' is not an env id of envs.make (envs.known_ids()), nor a Gymnasium id" in err
     assert "'Foraging-4x4-2p-1f' is outside the Level-Based Foraging tasks here" in err
     assert not (tmp_path / "runs").exists()
 
@@ -411,7 +411,9 @@ def test_a_row_made_with_older_defaults_is_marked_stale(tmp_path):
     assert 'feature_norm "layer" → "running"' in make_readme.generate(out).read_text()  # today's spelling of it
     result["per_seed"][0]["command"] = result["per_seed"][0]["command"] + " --no-such-flag"
     path.write_text(json.dumps(result))
-    assert "its command no longer parses" in make_readme.generate(out).read_text()
+    assert "its command no longer parses (a flag was renamed or removed: Unrecognized options: --no-such-flag)" in (
+        make_readme.generate(out).read_text()
+    )  # the flag named, in tyro's words
 
 
 def test_a_row_from_before_a_flag_is_stale_when_the_flags_new_default_differs_from_what_it_ran(tmp_path):
