@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
-from host import cpu_name, positive, scripts
+from host import cpu_name, out_folder, positive, scripts
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def main():
     parser.add_argument("--cuda", action="store_true", help="each script also with --cuda (needs a CUDA device)")
     parser.add_argument("--workers", type=int, default=1, help="CPU runs side by side (GPU runs go one at a time)")
     parser.add_argument("--name", default="battle", help="report name under --out (.md and .json)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     if args.map_size < 10 or args.workers < 1:
         parser.error("--map-size must be at least 10 and --workers at least 1")

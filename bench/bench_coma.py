@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from host import cpu_name, positive, run_or_exit
+from host import cpu_name, out_folder, positive, run_or_exit
 
 from envs.api import GroupSpec
 
@@ -99,7 +99,7 @@ def main():
         "--steps", type=positive(int), default=3200, help="T x E steps per call (coma.py: 128 envs x 25)"
     )
     parser.add_argument("--repeats", type=positive(int), default=21)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     parser.add_argument("--rows-only", action="store_true", help="print this process's rows as JSON (the child)")
     args = parser.parse_args()
     torch.set_num_threads(1)

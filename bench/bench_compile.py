@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 from bench_update import DDPG, filled_replay, filled_rollout, load_script  # noqa: E402
-from host import cpu_name, positive, scripts  # noqa: E402
+from host import cpu_name, out_folder, positive, scripts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -149,7 +149,7 @@ def main():
         "--algos", type=scripts, default="mappo,ippo,maddpg", help="comma-separated scripts (PPO, DDPG family)"
     )
     parser.add_argument("--rounds", type=positive(int), default=7)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
     load_before = os.getloadavg()

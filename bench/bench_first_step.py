@@ -30,7 +30,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from host import cpu_name
+from host import cpu_name, out_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def compile_breakdown(clone, steps, run_dir):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="cold and warm runs each, interleaved")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats} must be at least 1")

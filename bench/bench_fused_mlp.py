@@ -40,7 +40,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from host import cpu_name, positive  # noqa: E402
+from host import cpu_name, out_file, positive  # noqa: E402
 from numba import njit  # noqa: E402
 
 from runtime.mlp import _dense  # noqa: E402  x @ w + b, ReLU'd in the same pass: the acting pass's layer
@@ -451,7 +451,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=positive(int), default=7)
     parser.add_argument("--inner", type=positive(int), default=50,
                         help="steps per timing at 1,536 rows (fewer for more rows; acting: 10x as many)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=OUT / "fused_mlp")
+    parser.add_argument("--out", type=out_file, default=OUT / "fused_mlp")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     load = os.getloadavg()

@@ -34,7 +34,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from host import cpu_name, positive, run_or_exit
+from host import cpu_name, out_folder, positive, run_or_exit
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def main():
     parser.add_argument(
         "--steps-scale", type=positive(float), default=1.0, help="multiply both sides' env steps (shorter runs)"
     )
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     if not shutil.which(args.jaxmarl_python):
         raise SystemExit(f"no JaxMARL python at {args.jaxmarl_python}: install it as ../shared/peers/README.md says, "

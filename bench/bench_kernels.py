@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from host import cpu_name
+from host import cpu_name, out_folder
 
 from buffers import MinTree, PrioritizedReplayBuffer, SumTree, kernels, reference
 from runtime.gru import gru_sequence, gru_sequence_reference
@@ -252,7 +252,7 @@ def write_markdown(report, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one reference repeat everywhere")
-    parser.add_argument("--out", type=Path, default=OUT, help="directory for kernels.md / kernels.json")
+    parser.add_argument("--out", type=out_folder, default=OUT, help="directory for kernels.md / kernels.json")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     kernels.warmup()

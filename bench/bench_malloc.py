@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from bench_train import run_dir_of, sps
 from compare_losses import losses
-from host import cpu_name, positive, scripts
+from host import cpu_name, out_folder, positive, scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
@@ -38,7 +38,7 @@ def main():
     parser.add_argument("--algos", type=scripts, default="mappo,ippo,maddpg,coma,qmix", help="comma-separated scripts")
     parser.add_argument("--steps", type=positive(int), default=160_000, help="env steps per run")
     parser.add_argument("--repeats", type=positive(int), default=2, help="runs per script and setting")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     load_before, rows = os.getloadavg(), []
     settings = {"glibc default": os.environ | GLIBC, "kept": dict(os.environ)}

@@ -25,7 +25,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
-from host import cpu_name, positive
+from host import cpu_name, out_folder, positive
 
 from buffers import kernels, reference
 
@@ -84,7 +84,7 @@ def main():
     parser.add_argument("--repeats", type=positive(int), default=200)
     parser.add_argument("--steps", type=positive(int), default=64_000, help="env steps of each training run")
     parser.add_argument("--no-train", action="store_true", help="the kernel only")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     kernels.warmup()
     report = dict(date=date.today().isoformat(), cpu=cpu_name(),

@@ -36,7 +36,7 @@ from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from host import cpu_name, positive  # noqa: E402
+from host import cpu_name, out_file, positive  # noqa: E402
 
 from envs.mpe import SCENARIOS, make_vec  # noqa: E402
 from envs.mpe.mpe2_bridge import mpe2_module  # noqa: E402
@@ -246,7 +246,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=positive(float), default=0.5, help="length of one timed round")
     parser.add_argument("--repeats", type=positive(int), default=3, help="timed rounds per figure (the best is kept)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario ids")
-    parser.add_argument("--out", default=str(ROOT / "results" / "speed" / "numba_mpe"), help="output stem")
+    stem = str(ROOT / "results" / "speed" / "numba_mpe")
+    parser.add_argument("--out", type=out_file, default=stem, help="output stem")
     parser.add_argument("--validation", action="store_true", help="only the cost of step()'s input checks")
     args = parser.parse_args()
     if unknown := [name for name in args.scenarios.split(",") if name not in SCENARIOS]:

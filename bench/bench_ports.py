@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_numba_mpe import best_rate, machine  # noqa: E402
-from host import positive  # noqa: E402
+from host import out_folder, positive  # noqa: E402
 
 from envs import foraging, warehouse  # noqa: E402
 from envs.foraging_numba import ForagingVecEnv  # noqa: E402
@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--family", choices=["lbf", "rware", "both"], default="both")
     parser.add_argument("--seconds", type=positive(float), default=1.0, help="seconds per timed round")
     parser.add_argument("--repeats", type=positive(int), default=3, help="timed rounds per figure (the best counts)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from host import cpu_name, positive
+from host import cpu_name, out_folder, positive
 
 import envs
 from envs.relations import WithRelations
@@ -39,7 +39,7 @@ def main() -> int:
     parser.add_argument("--num-envs", type=positive(int), default=128)
     parser.add_argument("--steps", type=positive(int), default=200)
     parser.add_argument("--rounds", type=positive(int), default=7)
-    parser.add_argument("--out", default=str(ROOT / "results" / "speed"))
+    parser.add_argument("--out", type=out_folder, default=ROOT / "results" / "speed")
     args = parser.parse_args()
     rows = []
     for n in (3, 4, 6):

@@ -30,7 +30,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from host import cpu_name, positive
+from host import cpu_name, out_folder, positive
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import envs
@@ -93,7 +93,7 @@ def main():
     parser.add_argument("--seeds", type=positive(int), default=3, help="seeds per cell, for the sweep's total")
     parser.add_argument("--eval-timing-episodes", type=int, default=100, help="package episodes timed per task")
     parser.add_argument("--eval-per-run", type=int, default=5000, help="evaluation episodes a run plays")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     parser.add_argument("--name", default="sweep_cost", help="file names of the report: <out>/<name>.md and .json")
     args = parser.parse_args()
     algos, env_ids = args.algos.split(","), args.envs.split(",")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_envs import raw_loop
-from host import cpu_name, positive, run_or_exit, scripts
+from host import cpu_name, out_folder, positive, run_or_exit, scripts
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from envs.registry import build_parallel_env
@@ -201,7 +201,7 @@ def main():
     parser.add_argument("--pz-steps", type=positive(int), default=64_000, help="env steps per mpe2 (PettingZoo) run")
     parser.add_argument("--algos", type=scripts, help="comma-separated scripts",
                         default="mappo,ippo,maddpg,matd3,iddpg,masac,isac,iql,vdn,qmix,wqmix,coma,vdac")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     parser.add_argument("--name", default="train", help="file names of the report: <out>/<name>.md and .json")
     args = parser.parse_args()
     load_before, rows = os.getloadavg(), []

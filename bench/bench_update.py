@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from host import cpu_name
+from host import cpu_name, out_folder
 from torch.profiler import ProfilerActivity, profile
 
 import envs
@@ -352,7 +352,7 @@ def main():
     )
     parser.add_argument("--profile", action="store_true", help="only where each update's time goes, by ATen op "
                         "(writes update_profile.md)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=out_folder, default=OUT)
     args = parser.parse_args()
     algos = args.algos.split(",")
     if unknown := [a for a in algos if a not in PPO + DDPG]:

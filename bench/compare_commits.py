@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from compare_losses import losses
+from host import out_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +77,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=20.0, help="seconds of an untimed run of each tree first (Numba "
                    "caches its kernels per source path: the base worktree starts cold)")  # fmt: skip
     p.add_argument("--until", type=int, default=200_000, help="compare the losses of the steps up to this one")
-    p.add_argument("--out", default=str(ROOT / "results" / "speed" / "compare_commits.md"))
+    p.add_argument("--out", type=out_file, default=str(ROOT / "results" / "speed" / "compare_commits.md"))
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed) for a closer look")
     a = p.parse_args()
     if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{a.base}^{{commit}}"], cwd=ROOT,

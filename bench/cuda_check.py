@@ -30,6 +30,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from host import out_file
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "speed"
 OFF_POLICY = ["--learning-starts", "200", "--batch-size", "16", "--total-timesteps", "600"]
@@ -102,7 +104,7 @@ def main():
     parser.add_argument("--workers", type=int, default=1, help="checks run side by side (each one process)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per command before it counts as failed")
     parser.add_argument("--cpu", action="store_true", help="leave out --cuda (tests this script without a GPU)")
-    parser.add_argument("--out", default=str(OUT / "cuda_check"), help="report path, without .md/.json")
+    parser.add_argument("--out", type=out_file, default=str(OUT / "cuda_check"), help="report path, without .md/.json")
     args = parser.parse_args()
     names = args.algos.split(",")
     unknown = [n for n in names if n not in CHECKS]

@@ -1,6 +1,7 @@
 """What the benchmarks of bench/ share: the machine they ran on, named the same way in every table."""
 
 import argparse
+import os
 import platform
 import shlex
 import subprocess
@@ -44,6 +45,33 @@ def scripts(text: str) -> str:
         known = ", ".join(sorted(p.stem for p in ALGOS_DIR.glob("*.py")))
         raise argparse.ArgumentTypeError(f"no script algos/<name>.py for {', '.join(missing) or repr(text)} "
                                          f"(there are: {known})")  # fmt: skip
+    return text
+
+
+def writable_parent(path: Path) -> Path | None:
+    """None when `path` is, or can be made, a folder this user writes in; else the nearest existing path in the way
+    (a file, or a folder without write access)."""
+    for place in (path, *path.parents):
+        if place.exists():
+            return None if place.is_dir() and os.access(place, os.W_OK | os.X_OK) else place
+    return None
+
+
+def out_folder(text: str) -> Path:
+    """An argparse type: --out as a folder of reports, refused at once when it cannot be written in (a file in the
+    way, a folder without write access), not by the write after the benchmark's minutes of measuring."""
+    if (blocker := writable_parent(Path(text))) is not None:
+        raise argparse.ArgumentTypeError(f"{blocker} is not a folder this user can write in")
+    return Path(text)
+
+
+def out_file(text: str) -> str:
+    """An argparse type: --out as a report file or the stem of its files (``results/speed/numba_mpe``), refused at
+    once when its folder cannot be written in or it names a folder; the text as given."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: name a file in it (its stem, for .md and .json)")
+    if (blocker := writable_parent(Path(text).parent)) is not None:
+        raise argparse.ArgumentTypeError(f"{blocker} is not a folder this user can write in")
     return text
 
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.host import out_file  # noqa: E402
 from envs import make  # noqa: E402
 from runtime.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from runtime.evaluation import FINAL_SEED  # noqa: E402
@@ -186,7 +187,7 @@ def main(argv=None):
     parser.add_argument("checkpoints", nargs="*", help="checkpoints (last.pt) of any script on --env-id")
     parser.add_argument("--env-id", default=Reference.env_id, choices=sorted(TASKS))
     parser.add_argument("--episodes", type=int, default=1000)
-    parser.add_argument("--out", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument("--out", type=out_file, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: must be >= 1")
@@ -206,7 +207,7 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

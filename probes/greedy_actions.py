@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs  # noqa: E402
+from bench.host import out_file  # noqa: E402
 from envs import lookup  # noqa: E402
 from runtime.args import checkpoint_args, env_kwargs  # noqa: E402
 from runtime.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
@@ -98,7 +99,7 @@ def main(argv=None):
     parser.add_argument("--episodes", type=int, default=100, help="the first n of the 1,000 final episodes")
     parser.add_argument("--backend", default="pettingzoo", choices=["pettingzoo", "numba"],
                         help="the package (evaluation's env) or the Numba port (equal step for step)")  # fmt: skip
-    parser.add_argument("--out", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument("--out", type=out_file, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be at least 1, got {args.episodes}")
@@ -112,7 +113,7 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
 import qtran  # noqa: E402
 
+from bench.host import out_file  # noqa: E402
 from buffers import float_tensor  # noqa: E402
 from envs import make  # noqa: E402
 from runtime import checkpoint_args  # noqa: E402
@@ -149,7 +150,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", help="qtran.py checkpoints (last.pt)")
     parser.add_argument("--episodes", type=int, default=1000)
-    parser.add_argument("--out", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument("--out", type=out_file, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
@@ -161,7 +162,7 @@ def main(argv=None):
             print(json.dumps(row), flush=True)
             rows.append(row)
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

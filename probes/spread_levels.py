@@ -28,6 +28,7 @@ from scipy.optimize import linear_sum_assignment
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import out_file  # noqa: E402
 from runtime.args import MultiAgentArgs, make_eval_env  # noqa: E402  (the checkout's own layer)
 from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate  # noqa: E402
 
@@ -83,9 +84,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", default="3,4,6", help="comma-separated N")
     parser.add_argument("--episodes", type=int, default=FINAL_EPISODES, help="of protocol v2's fixed set (first K)")
-    parser.add_argument(
-        "--out", default=str(ROOT / "results" / "simple_spread_v3" / "agents" / "levels"), help="without suffix"
-    )
+    stem = str(ROOT / "results" / "simple_spread_v3" / "agents" / "levels")
+    parser.add_argument("--out", type=out_file, default=stem, help="without suffix")
     args = parser.parse_args(argv)
     try:
         counts = [int(n) for n in args.agents.split(",")]

@@ -70,6 +70,9 @@ from collect import LOG_NAME, RECORD_NAME, RESULTS_DIR, collect, finished_runs, 
 from collect import is_finished as run_is_finished
 
 REPO_ROOT = RESULTS_DIR.parent
+sys.path.insert(0, str(REPO_ROOT))
+from bench.host import writable_parent  # noqa: E402  (the benches' --out check too)
+
 VERSION_PACKAGES = ["torch", "numpy", "numba", "pettingzoo", "mpe2", "gymnasium", "tensorboard"]
 THREAD_VARS = ["OMP_NUM_THREADS", "MKL_NUM_THREADS"]
 CHECKPOINT_NAME = "last.pt"  # what --resume continues from
@@ -736,15 +739,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.child_env = {var: str(threads) for var in THREAD_VARS} if threads else {}
     args.workers = workers if not args.use_ray else args.workers
     return args
-
-
-def writable_parent(path: Path) -> Path | None:
-    """None when `path` is, or can be made, a folder this user writes in; else the nearest existing path in the way
-    (a file, or a folder without write access)."""
-    for place in (path, *path.parents):
-        if place.exists():
-            return None if place.is_dir() and os.access(place, os.W_OK | os.X_OK) else place
-    return None
 
 
 def earlier_seeds(out: Path, env_id: str, label: str, swept: list[int], total_timesteps: int, say=print) -> list[int]:

@@ -181,3 +181,35 @@ def test_a_measured_run_that_fails_ends_the_benchmark_with_its_own_error_line():
         host.run_or_exit([sys.executable, "-c", "import sys; print('noise'); sys.exit('error: --num-envs 0 must be')"])
     assert str(e.value).startswith("error: ") and str(e.value).endswith("failed (exit 1): error: --num-envs 0 must be")
     assert host.run_or_exit([sys.executable, "-c", "print('ok')"], text=True).stdout == "ok\n"
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_benchmark_measures(tmp_path, capsys):
+    """bench_kernels' --out under a file was a NotADirectoryError after its minutes of timing; a probe's --out a
+    folder an IsADirectoryError after its episodes. Refused as the flags are parsed now, by the benches, the probes
+    and results/run.py alike (host.writable_parent)."""
+    import argparse
+    import os
+
+    import host
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=host.out_folder)
+    parser.add_argument("--report", type=host.out_file)
+    for argv, says in ((["--out", f"{blocker}/speed"], f"argument --out: {blocker} is not a folder this user can"),
+                       (["--report", f"{blocker}/x/report.md"], f"argument --report: {blocker} is not a folder"),
+                       (["--report", str(tmp_path)], f"{tmp_path} is a folder: name a file in it")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        assert e.value.code == 2 and says in capsys.readouterr().err, argv
+    args = parser.parse_args(["--out", str(tmp_path / "new" / "speed"), "--report", str(tmp_path / "new" / "stem")])
+    assert args.out == tmp_path / "new" / "speed" and args.report == str(tmp_path / "new" / "stem")  # made when written
+    if os.geteuid() != 0:  # root writes anywhere
+        (locked := tmp_path / "locked").mkdir(mode=0o500)
+        assert host.writable_parent(locked / "speed") == locked
+    for script, flags in (("bench/bench_kernels.py", []), ("probes/greedy_actions.py", ["runs/x/last.pt"])):
+        out = subprocess.run([sys.executable, str(ROOT / script), *flags, "--out", f"{blocker}/x"], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 2 and "is not a folder this user can write in" in out.stderr, script
+        assert "Traceback" not in out.stderr
