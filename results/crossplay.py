@@ -63,6 +63,9 @@ def make(env_id: str, n: int, seed: int, continuous: bool, backend: str = "petti
 
 def split_teams(text: str | None, groups: list[str]) -> tuple[list[str], list[str]]:
     """'a/b,c' -> (['a'], ['b', 'c']); None: the env's two groups. Every group on exactly one team."""
+    if len(groups) < 2:
+        raise ValueError(f"the env has one group {groups}: cross-play needs two teams (a competitive env, e.g. "
+                         f"simple_tag_v3 or battle_v4)")  # fmt: skip
     if text is None:
         if len(groups) != 2:
             raise ValueError(f"the env has the groups {groups}: name the two teams, e.g. --teams {groups[0]}/"
@@ -297,6 +300,12 @@ def main(argv=None) -> int:
         if "/" in args.variant or args.variant in ("..", "."):
             raise ValueError(f"--variant {args.variant!r} names a folder of --runs: no '/' in it")
         paths = {(a, s): args.runs / args.env_id / label(a) / f"seed{s}" / "last.pt" for a in algos for s in seeds}
+        if not args.keep:  # keeping needs no env, nor teams: a three-group task's checkpoints are kept too
+            probe = {c: make(args.env_id, 1, 0, c, args.backend) for c in (False, True)}
+            specs = {c: dict(e.groups) for c, e in probe.items()}
+            for e in probe.values():
+                e.close()
+            teams = split_teams(args.teams, list(specs[False]))  # a one-team env is told so before a missing file
         if missing := [str(p) for p in paths.values() if not p.is_file()]:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise ValueError(f"no checkpoint {missing[0]}{more}: train the rows first (results/run.py), or name "
@@ -307,11 +316,6 @@ def main(argv=None) -> int:
                 copy_policy(str(path), str(copy))
                 print(f"kept {copy}")
             return 0
-        probe = {c: make(args.env_id, 1, 0, c, args.backend) for c in (False, True)}  # keeping needs no env
-        specs = {c: dict(e.groups) for c, e in probe.items()}
-        for e in probe.values():
-            e.close()
-        teams = split_teams(args.teams, list(specs[False]))  # nor teams: a three-group task's checkpoints are kept too
         first = {a: read_checkpoint(str(paths[a, seeds[0]])) for a in algos}
         continuous = {a: bool(ckpt["args"].get("continuous_actions")) for a, ckpt in first.items()}
     except (ValueError, OSError, envs.EnvArgumentError) as e:

@@ -1497,11 +1497,12 @@ def test_crossplay_names_a_cached_record_it_cannot_use_and_plays_every_pair_agai
         (["--seeds", "0,x"], "--seeds '0,x': expected comma-separated integers"),
         (["--env-id", "simple_tga_v3"], "--env-id 'simple_tga_v3' is not an env id of envs.make (envs.known_ids())"),
         (["--variant", "a/b"], "--variant 'a/b' names a folder of --runs: no '/' in it"),
-    ],
+        (["--env-id", "simple_spread_v3"], "the env has one group ['agent']: cross-play needs two teams"),  # not "no
+    ],  # checkpoint ...: train the rows first", nor "--teams agent/"
 )
 def test_crossplay_refuses_a_seed_given_twice_a_typo_in_the_env_and_a_path_as_variant(flags, message, tmp_path, capsys):
     """--seeds 0,0 played every pair twice and reported two seeds; a typo in --env-id was told to train its rows first
-    ("no checkpoint ..."), as was a --variant that reached into other folders."""
+    ("no checkpoint ..."), as were a --variant that reached into other folders and a cooperative env."""
     import crossplay
 
     argv = ["--env-id", "simple_tag_v3", "--algos", "mappo,ippo", "--runs", str(tmp_path), *flags]
