@@ -22,7 +22,9 @@ with hooks that save what its own checkpoints leave out: target networks, runnin
 replay buffer). A SIGTERM or SIGINT to this script is passed on: EPyMARL finishes its episode, saves and exits, and the
 same command later resumes the seed from that save (or, after a crash, from its last save of every
 `--save-interval` steps). The seed's row joins its segments: EPyMARL's tests up to each resume, its wall time summed.
-What a resume does not keep: the random number streams, restarted from the seed.
+What a resume does not keep: the random number streams, restarted from the seed. A resume removes the older saves;
+`--keep-every N` keeps the agent of the first save in each span of N steps (<run dir>/kept/) and plays each on the same
+fixed episodes at the seed's end (<run dir>/kept_evals.json): what the seed scores at shorter budgets, from one run.
 
 Commands may split the seeds between them (`--seeds 0,1` and `--seeds 2,`), side by side: each seed's directory is
 locked while it trains (the lock results/run.py's sweeps take), a seed held by another command is skipped with a line,
@@ -71,6 +73,8 @@ PACKAGE_IDS = {"lbf": ("lbforaging:{}-v3", 50), "rware": ("rware:{}-v2", 500)}
 PER_SEED_CONFIG = {"seed", "local_results_path", "unique_token", "checkpoint_path", "load_step"}
 LAUNCHER = Path(__file__).resolve().with_name("epymarl_launch.py")
 STOPPED = 75  # epymarl_launch.py's exit status after a signal and its save
+KEPT = "kept"  # <run dir>/kept/<t_env>/agent.th: the agents --keep-every keeps from EPyMARL's saves
+KEPT_EVALS_NAME = "kept_evals.json"  # each kept agent on protocol v2's fixed episodes, written at the seed's end
 
 
 class Stopped(Exception):
@@ -198,6 +202,20 @@ def newest_save_only(run_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def keep_saves(run_dir: Path, every: int) -> list[int]:
+    """Copy the agent of the first save in each span of `every` env steps (step 0's untrained one included) to
+    <run dir>/kept/<t_env>/, out of newest_save_only's reach, and return the kept steps: the seed's policy at shorter
+    budgets, from the one run. Called before each resume and at the end, so every save EPyMARL wrote is seen."""
+    kept = run_dir / KEPT
+    spans = {int(p.name) // every for p in kept.glob("*") if (p / "agent.th").is_file()}
+    for step, folder in saves(run_dir):
+        if step // every not in spans:
+            (kept / str(step)).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(folder / "agent.th", kept / str(step) / "agent.th")
+            spans.add(step // every)
+    return sorted(int(p.name) for p in kept.glob("*") if (p / "agent.th").is_file())
+
+
 def final_agent(run_dir: Path) -> tuple[Path, int]:
     """The agent.th EPyMARL saved last (at the end of training: epymarl_launch.py's last save) and its t_env."""
     found = saves(run_dir)
@@ -205,6 +223,20 @@ def final_agent(run_dir: Path) -> tuple[Path, int]:
         raise RuntimeError(f"EPyMARL saved no agent under {run_dir / 'epymarl' / 'models'}")
     step, folder = found[-1]
     return folder / "agent.th", step
+
+
+def play_save(agent_th: Path, cfg: dict, env_id: str) -> np.ndarray:
+    """The returns of an EPyMARL save's agent (its agent.th, and its run's config.json as `cfg`) played greedily on
+    protocol v2's fixed episodes of the package, as every run of ours ends: a seed's final evaluation, or an earlier
+    save's (a shorter budget)."""
+    from runtime.args import MultiAgentArgs, make_eval_env
+    from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate
+
+    agent = EPyMARLAgent(torch.load(agent_th, map_location="cpu", weights_only=True))
+    make_greedy = acting(agent, cfg["obs_last_action"], cfg["obs_agent_id"])
+    ours = MultiAgentArgs(env_id=env_id)
+    returns, _ = evaluate(lambda n, s: make_eval_env(ours, n, s), make_greedy, FINAL_EPISODES, FINAL_SEED)
+    return returns
 
 
 def wait_passing_on_signals(proc: subprocess.Popen) -> int:
@@ -231,8 +263,7 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
     directory. Raises Stopped when a signal stopped it, RuntimeError when EPyMARL failed."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from runtime.args import MultiAgentArgs, make_eval_env
-    from runtime.evaluation import FINAL_EPISODES, FINAL_SEED, evaluate
+    from runtime.evaluation import FINAL_EPISODES, FINAL_SEED
 
     key, limit = package_key(args.env_id)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -242,6 +273,8 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
             "use_cuda=False", f"test_interval={args.eval_interval}", f"test_nepisode={args.eval_episodes}",
             "save_model=True", f"save_model_interval={args.save_interval}",
             f"local_results_path={results_path}"]  # fmt: skip
+    if args.keep_every:
+        keep_saves(run_dir, args.keep_every)
     resume = newest_save_only(run_dir)
     if resume is not None:
         step, folder = resume
@@ -270,13 +303,18 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
         raise RuntimeError(f"no completed sacred run of seed {seed} under {sacred}")
     cfg = read_json(chain[-1]["dir"] / "config.json")
     path, step = final_agent(run_dir)
-    agent = EPyMARLAgent(torch.load(path, map_location="cpu", weights_only=True))
-    make_greedy = acting(agent, cfg["obs_last_action"], cfg["obs_agent_id"])
-    ours = MultiAgentArgs(env_id=args.env_id)
-    returns, _ = evaluate(lambda n, s: make_eval_env(ours, n, s), make_greedy, FINAL_EPISODES, FINAL_SEED)
+    returns = play_save(path, cfg, args.env_id)
     final = dict(protocol="v2", episodes=len(returns), seed=FINAL_SEED, global_step=step, mean=float(returns.mean()),
                  std=float(returns.std()), returns=returns.tolist())  # fmt: skip
     (run_dir / FINAL_EVAL_NAME).write_text(json.dumps(final))
+    if args.keep_every:  # the kept agents on the same episodes (the last is the final agent's save)
+        evals = []
+        for t in keep_saves(run_dir, args.keep_every):
+            r = play_save(run_dir / KEPT / str(t) / "agent.th", cfg, args.env_id)
+            evals.append(dict(global_step=t, mean=float(r.mean()), std=float(r.std())))
+            print(f"     kept save at step {t:,}: {evals[-1]['mean']:.3f} on the fixed episodes", flush=True)
+        kept = dict(protocol="v2", episodes=FINAL_EPISODES, seed=FINAL_SEED, every=args.keep_every, evaluations=evals)
+        (run_dir / KEPT_EVALS_NAME).write_text(json.dumps(kept, indent=1))
     n_agents = team_size(args.env_id)
     wall = sum(segment["wall_s"] for segment in chain)
     writer = SummaryWriter(str(run_dir))
@@ -309,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-episodes", type=int, default=100, help="EPyMARL's test_nepisode")
     save = "EPyMARL's save_model_interval (env steps): a crashed seed resumes from its last save (a stopped one saves)"
     parser.add_argument("--save-interval", type=int, default=200_000, help=save)
+    keep = ("keep the agent of EPyMARL's first save in each span of this many env steps and play each on the fixed "
+            "episodes at the seed's end (<run dir>/kept_evals.json: the seed at shorter budgets; the row stays the "
+            "final policy's)")  # fmt: skip
+    parser.add_argument("--keep-every", type=int, default=None, help=keep)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
     args = parser.parse_args(argv)
     try:
@@ -319,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--epymarl {args.epymarl}: no src/main.py there; give a checkout of uoe-agents/epymarl")
     if not (args.python.is_file() and os.access(args.python, os.X_OK)):
         parser.error(f"--python {args.python}: not an executable interpreter (EPyMARL's own environment)")
-    if min(args.total_timesteps, args.eval_interval, args.eval_episodes, args.save_interval) < 1:
-        parser.error("--total-timesteps, --eval-interval, --eval-episodes and --save-interval must be positive")
+    counts = [args.total_timesteps, args.eval_interval, args.eval_episodes, args.save_interval]
+    if min(counts + ([] if args.keep_every is None else [args.keep_every])) < 1:
+        parser.error("--total-timesteps, --eval-interval, --eval-episodes, --save-interval and --keep-every must be "
+                     "positive")  # fmt: skip
     args.stubs = args.stubs or args.epymarl / "stubs"
     algo = f"{args.config}-epymarl"
     sweep_command = shlex.join(["python", "results/epymarl_peer.py", *(argv if argv is not None else sys.argv[1:])])

@@ -106,6 +106,7 @@ def test_sacreds_metrics_are_read_as_logged():
         (["--env-id", "rware-tiny-2ag", "--python", "/"], "not an executable interpreter"),  # a folder: X_OK alone
         (["--env-id", "rware-tiny-2ag", "--seeds", "0"], "a count N needs N >= 1"),
         (["--env-id", "rware-tiny-2ag", "--eval-interval", "0"], "must be positive"),
+        (["--env-id", "rware-tiny-2ag", "--keep-every", "0"], "and --keep-every must be positive"),
     ],
 )
 def test_bad_flags_get_one_line(tmp_path, capsys, flags, says):
@@ -244,6 +245,36 @@ def test_a_stopped_seed_resumes_from_its_save_and_its_row_joins_the_segments(tmp
     assert [(s["from_step"], s["status"]) for s in record["segments"]] == [(0, "INTERRUPTED"), (500, "COMPLETED")]
     assert "load_step=500" in record["epymarl_command"]
     assert collect.read_json(run_dir / "final_eval.json")["global_step"] == 1050
+
+
+def test_keep_every_keeps_a_save_in_each_span_through_resumes_and_plays_each_at_the_end(tmp_path, monkeypatch):
+    """A resume removes every save but the newest (newest_save_only): --keep-every keeps the first save of each span
+    of steps out of its reach, and the seed's end plays each kept agent on the fixed episodes (kept_evals.json)."""
+    import collect
+
+    import runtime.evaluation
+
+    epymarl = fake_epymarl(tmp_path, monkeypatch)
+    monkeypatch.setattr(runtime.evaluation, "FINAL_EPISODES", 20)  # fewer of the fixed episodes: the same code path
+    out = tmp_path / "results"
+    flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop", "--seeds",
+             "0,", "--total-timesteps", "1000", "--eval-interval", "500", "--out", str(out),
+             "--keep-every", "400"]  # fmt: skip
+    run_dir = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl" / "seed0"
+    monkeypatch.setenv("FAKE_STOP_AT", "300")  # saves at 0 and 300: the same span of 400, the first kept
+    assert epymarl_peer.main(flags) == epymarl_peer.STOPPED
+    monkeypatch.setenv("FAKE_STOP_AT", "500")  # resumes from 300 (removing 0, kept), saves at 500: a span of its own
+    assert epymarl_peer.main(flags) == epymarl_peer.STOPPED
+    monkeypatch.delenv("FAKE_STOP_AT")
+    assert epymarl_peer.main(flags) == 0  # from 500 (300 removed: its span was kept at 0) to the end, 1050
+    assert [t for t, _ in epymarl_peer.saves(run_dir)] == [500, 1050]
+    assert sorted(int(p.name) for p in (run_dir / "kept").iterdir()) == [0, 500, 1050]
+    kept = collect.read_json(run_dir / epymarl_peer.KEPT_EVALS_NAME)
+    assert (kept["protocol"], kept["episodes"], kept["every"]) == ("v2", 20, 400)
+    assert [e["global_step"] for e in kept["evaluations"]] == [0, 500, 1050]
+    final = collect.read_json(run_dir / "final_eval.json")  # the last kept agent is the final one: the same returns
+    assert kept["evaluations"][-1]["mean"] == final["mean"] and final["global_step"] == 1050
+    assert epymarl_peer.keep_saves(run_dir, 400) == [0, 500, 1050]  # kept once: calling it again adds nothing
 
 
 def test_segments_chain_in_the_order_they_ran_and_a_restart_replaces_what_it_repeats(tmp_path):
