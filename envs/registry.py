@@ -139,7 +139,24 @@ def unknown_id(env_id: str) -> str | None:
         found = lookup(env_id)
     except UnknownEnvError as err:  # an LBF or RWARE name outside the packages' range: it says what they build
         return str(err)
-    return None if found is not None else f"{env_id!r} is not an env id of envs.make (envs.known_ids())"
+    if found is None:
+        return _package_id_hint(env_id) or f"{env_id!r} is not an env id of envs.make (envs.known_ids())"
+    return None
+
+
+def _package_id_hint(env_id: str) -> str | None:
+    """For an LBF or RWARE package's own Gymnasium id (EPyMARL's key, `Foraging-8x8-2p-2f-coop-v3`): the id that
+    names the task here, without the version; None for any other id."""
+    base, sep, version = env_id.rpartition("-v")
+    if not (sep and version.isdigit() and base):
+        return None
+    try:
+        entry = lookup(base)
+    except UnknownEnvError:
+        return None
+    if entry is None or entry.family not in _TASK_FAMILIES:
+        return None
+    return f"{env_id!r} is the package's Gymnasium id; envs.make names the task without its version: {base!r}"
 
 
 def _unknown_id_message(env_id: str) -> str:
@@ -148,6 +165,8 @@ def _unknown_id_message(env_id: str) -> str:
         by_family.setdefault(entry.family, []).append(name)
     for family, module in _TASK_FAMILIES.items():
         by_family[family].append(f"or any {module.GRAMMAR}")
+    if hint := _package_id_hint(env_id):
+        return hint
     lines = [f"unknown env id {env_id!r}. Known ids:"]
     lines += [f"  {family}: {', '.join(names)}" for family, names in by_family.items()]
     lines.append('  or any PettingZoo parallel env as "package.module:function", e.g. "mpe2.simple_v3:parallel_env"')

@@ -130,6 +130,7 @@ from runtime.checkpoint import CheckpointError, groups_state, load_checkpoint, r
 from runtime.checks import (
     ArgumentError,
     CheckpointPlayed,
+    RunFinished,
     RunStopped,
     check_action_flags,
     check_args,
@@ -162,6 +163,7 @@ __all__ = [
     "MultiAgentArgs",
     "Run",
     "RunArgs",
+    "RunFinished",
     "RunStopped",
     "RunningNorm",
     "standardised_rewards",

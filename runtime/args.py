@@ -22,7 +22,7 @@ import tyro
 import envs
 from envs.relations import WithRelations
 from runtime.checkpoint import CheckpointError, read_checkpoint
-from runtime.checks import CheckpointPlayed, RunStopped
+from runtime.checks import CheckpointPlayed, RunFinished, RunStopped
 
 
 @dataclass
@@ -127,6 +127,9 @@ def checkpoint_defaults(args_class, argv):
     and `--eval-checkpoint PATH` alone rebuilds the networks it holds. None without either flag."""
     run_dir, path = flag_value(argv, "--resume"), flag_value(argv, "--eval-checkpoint")
     if run_dir is not None:
+        if os.path.isfile(run_dir):  # its last.pt, say: the folder is meant
+            raise CheckpointError(f"--resume {run_dir}: a file; --resume takes the run directory that holds last.pt "
+                                  f"(--resume {os.path.dirname(run_dir) or '.'})")  # fmt: skip
         if not os.path.isdir(run_dir):
             raise CheckpointError(f"--resume {run_dir}: no such run directory")
         path = os.path.join(run_dir, "last.pt")
@@ -165,6 +168,8 @@ def cli(args_class, main):
         main(args)
     except CheckpointPlayed:  # --eval-checkpoint: Run printed the checkpoint's returns
         return
+    except RunFinished as e:  # --resume of a finished run: nothing to do, and nothing rewritten
+        print(e)
     except RunStopped as e:
         print(e)
         sys.exit(130)
@@ -262,12 +267,20 @@ def env_kwargs(args) -> dict:
     return kwargs | given
 
 
+SINGLE_AGENT_SCRIPTS = "algos/ppo.py, dqn.py or drqn.py"
+
+
 def make_env(args, num_envs, seed, backend=None, vector=None):
     """envs.make with the script's env flags (`backend`/`vector` default to --backend/--vector), its frozen groups
     played by their actors (runtime.opponents): the script sees the learning groups."""
     try:
         env = envs.make(args.env_id, num_envs, seed, vector=vector or args.vector, backend=backend or args.backend,
                         **env_kwargs(args))  # fmt: skip
+    except envs.UnknownEnvError:
+        if args.env_id in gym.registry:  # before the list of every multi-agent id
+            raise ValueError(f"{args.env_id!r} is a single-agent Gymnasium id: train it with {SINGLE_AGENT_SCRIPTS}, "
+                             f"not a multi-agent script") from None  # fmt: skip
+        raise
     except envs.EnvArgumentError as e:  # the usual case: an env without a continuous_actions argument
         if not (args.continuous_actions and "continuous_actions" in str(e)):
             raise
@@ -305,6 +318,9 @@ def make_gym_env(args, num_envs, seed, **kwargs):
     try:
         return envs.make_gym(args.env_id, num_envs, seed, **kwargs)
     except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, gym.error.NameNotFound) as e:
+        if ":" not in args.env_id and envs.unknown_id(args.env_id) is None:
+            raise ValueError(f"{args.env_id!r} is a multi-agent env of envs.make, not a Gymnasium id: train it with a "
+                             f"multi-agent script of algos/ (mappo.py, qmix.py, ...)") from None  # fmt: skip
         raise ValueError(
             f"unknown env id {args.env_id!r}: {e} (any registered Gymnasium id, e.g. CartPole-v1)"
         ) from None

@@ -150,6 +150,9 @@ def read_checkpoint(path: str) -> dict:
     return ckpt
 
 
+ENV_FLAGS = ("env_kwargs", "continuous_actions", "max_cycles", "map_size")  # the flags that shape an env's spaces
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -168,6 +171,11 @@ def load_checkpoint(path: str, algo: str, args, signature: dict, network_flags=(
                               f"older version of {algo}.py)")  # fmt: skip
     if not isinstance(ckpt["args"], dict) or not isinstance(ckpt["nets"], dict):
         raise CheckpointError(f"checkpoint {path} is malformed: 'args' and 'nets' must be dicts")
+    env_differ = [f"{flag(k)} {ckpt['args'][k]!r} (checkpoint) vs {getattr(args, k)!r} (now)" for k in ENV_FLAGS
+                  if k in ckpt["args"] and _jsonable(getattr(args, k, None)) != ckpt["args"][k]]  # fmt: skip
+    if ckpt["env_id"] == args.env_id and ckpt["signature"] != signature and env_differ:  # the flags that made it
+        raise CheckpointError(f"checkpoint {path} was trained on {args.env_id} with other env flags: "
+                              f"{'; '.join(env_differ)}: pass the checkpoint's values")  # fmt: skip
     if ckpt["env_id"] != args.env_id or ckpt["signature"] != signature:
         raise CheckpointError(
             f"checkpoint {path} was trained on {ckpt['env_id']} with spaces {ckpt['signature']}, which do not match "

@@ -44,6 +44,11 @@ class RunStopped(Exception):
     """A stop request (Ctrl-C, SIGTERM) was honoured after last.pt was written; the message says how to go on."""
 
 
+class RunFinished(Exception):
+    """--resume of a run that finished at or past --total-timesteps: nothing to train, nothing evaluated again (its
+    final_eval.json stands); the script ends (exit code 0) with the exception's line."""
+
+
 class CheckpointPlayed(Exception):
     """--eval-checkpoint: `Run` played the checkpoint instead of training, and the script ends (exit code 0)."""
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from runtime.args import env_signature
 from runtime.args import make_eval_env as standard_eval_env
 from runtime.checkpoint import flag, load_checkpoint, pack, restore, rng_state, save_checkpoint, unpack, write_whole
-from runtime.checks import CheckpointPlayed, RunStopped
+from runtime.checks import CheckpointPlayed, RunFinished, RunStopped
 from runtime.evaluation import (
     FINAL_SEED,
     add_video,
@@ -128,6 +128,11 @@ class Run:
             if not os.path.exists(os.path.join(self.dir, "config.json")):  # stopped between last.pt and it
                 self.write_config(env)
             if os.path.exists(os.path.join(self.dir, "DONE")):
+                if ckpt["global_step"] >= args.total_timesteps:  # nothing to train: it would only evaluate again
+                    raise RunFinished(f"{self.dir} finished at step {ckpt['global_step']:,}; --total-timesteps "
+                                      f"{args.total_timesteps:,} asks for no more: nothing to train (its final "
+                                      f"evaluation stands in final_eval.json; a larger --total-timesteps trains it "
+                                      f"on)")  # fmt: skip
                 os.remove(os.path.join(self.dir, "DONE"))  # it trains again, e.g. to a larger --total-timesteps
             self.global_step, self.evals, self.best_eval = ckpt["global_step"], ckpt["evals"], ckpt["best_eval"]
             self.counters, self.saved_step = dict(ckpt["counters"]), self.global_step

@@ -30,6 +30,10 @@ def refusal(capsys, tmp_path, algo, *flags):
         ("masac", ["--no-autotune", "--target-entropy", "-3"], "--no-autotune keeps it fixed"),
         ("isac", ["--no-autotune", "--alpha-lr", "0.01"], "--no-autotune keeps it fixed"),
         ("maddpg", ["--gumbel-temperature", "0"], "--gumbel-temperature 0.0 must be > 0"),
+        # an id of the other kind, or the package's own id: told what to run, not given the list of every id
+        ("mappo", ["--env-id", "CartPole-v1"], "'CartPole-v1' is a single-agent Gymnasium id: train it with algos/"),
+        ("ppo", ["--env-id", "simple_spread_v3", "--num-steps", "32"], "'simple_spread_v3' is a multi-agent env of"),
+        ("qmix", ["--env-id", "Foraging-8x8-2p-2f-coop-v3"], "the task without its version: 'Foraging-8x8-2p-2f-coop'"),
     ],
     ids=lambda x: x if isinstance(x, str) and " " not in x else None,
 )
@@ -44,6 +48,14 @@ def test_a_checkpoint_plays_only_the_env_it_was_trained_on(capsys, tmp_path):
                                              "simple_spread_v3", check=False)  # fmt: skip
     assert code == 2 and "Traceback" not in stderr
     assert f"{tmp_path / 'last.pt'} was trained on simple_v3, not simple_spread_v3: drop --env-id" in stderr
+
+
+def test_resume_names_the_run_directory_when_given_its_checkpoint(capsys, tmp_path):
+    script_runs.run_inline(capsys, "iql", *QUICK, "--run-dir", tmp_path / "r")
+    code, _, stderr = script_runs.run_inline(capsys, "iql", "--resume", tmp_path / "r" / "last.pt", check=False)
+    assert code == 2 and "Traceback" not in stderr  # it said "no such run directory"
+    assert f"--resume {tmp_path / 'r' / 'last.pt'}: a file; --resume takes the run directory that holds last.pt " \
+           f"(--resume {tmp_path / 'r'})" in stderr  # fmt: skip
 
 
 def test_an_exploration_schedule_may_rise():

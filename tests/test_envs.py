@@ -547,6 +547,12 @@ def test_unknown_id_says_in_one_line_why_an_id_would_be_refused_before_anything_
     assert said.startswith("'Foraging-4x4-2p-1f' is outside the Level-Based Foraging tasks here") and "S 5-19" in said
     with pytest.raises(envs.UnknownEnvError):
         envs.make("Foraging-4x4-2p-1f")  # the same id, refused by make too
+    hint = "'rware-tiny-2ag-v2' is the package's Gymnasium id; envs.make names the task without its version: "
+    hint += "'rware-tiny-2ag'"
+    assert envs.unknown_id("rware-tiny-2ag-v2") == hint  # EPyMARL's key, as its users type it
+    with pytest.raises(envs.UnknownEnvError, match="^" + re.escape(hint) + "$"):
+        envs.make("rware-tiny-2ag-v2")
+    assert envs.unknown_id("simple_spread_v3-v2").endswith("is not an env id of envs.make (envs.known_ids())")
 
 
 def test_wrong_env_arguments_are_clear():

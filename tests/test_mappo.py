@@ -241,6 +241,12 @@ def test_nan_loss_keeps_the_last_sound_checkpoint_and_resumes_with_a_lower_learn
     assert max(v.abs().max().item() for v in ckpt["nets"]["agent"].values()) < 10
     run(algo, "--total-timesteps", 200, "--eval-interval", 0, "--learning-rate", 7e-4, "--resume", tmp_path)
     assert torch.load(tmp_path / "last.pt", weights_only=True)["global_step"] == 200 and (tmp_path / "DONE").exists()
+    final = (tmp_path / "final_eval.json").read_bytes()  # a finished run resumed with no more steps to take: said,
+    events = sorted(p.name for p in tmp_path.glob("events.*"))  # and nothing rewritten (it evaluated again, rewrote
+    proc = run(algo, "--total-timesteps", 100, "--eval-interval", 0, "--resume", tmp_path)  # final_eval.json, and
+    assert f"{tmp_path} finished at step 200; --total-timesteps 100 asks for no more: nothing to train" in proc.stdout
+    assert (tmp_path / "DONE").exists() and (tmp_path / "final_eval.json").read_bytes() == final  # logged a second
+    assert sorted(p.name for p in tmp_path.glob("events.*")) == events  # final eval to TensorBoard)
 
 
 def make_policy(algo, **flags):

@@ -114,6 +114,20 @@ def test_a_tampered_foreign_or_nan_checkpoint_gives_one_clear_error(tmp_path, ta
     assert "\n" not in str(e.value) and "weights_only" not in str(e.value)
 
 
+def test_a_checkpoint_of_other_env_flags_names_them_not_the_spaces(tmp_path):
+    """--eval-checkpoint with --continuous-actions or another --env-kwargs than the run's was told "spaces {'agent': [3,
+    [18], True, 5], ...} do not match ... {'agent': [3, [18], False, 5], ...}"."""
+    path = str(tmp_path / "last.pt")
+    save_checkpoint(path, checkpoint(args={"hidden_size": 64, "env_kwargs": '{"N": 4}', "continuous_actions": False}))
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path, "mappo", ARGS, {"agent": [3, [18], True, 5], "state_shape": [54]}, ("hidden_size",))
+    assert str(e.value) == (f"checkpoint {path} was trained on simple_spread_v3 with other env flags: --env-kwargs "
+                            """'{"N": 4}' (checkpoint) vs '{}' (now): pass the checkpoint's values""")  # fmt: skip
+    save_checkpoint(path, checkpoint(args={"hidden_size": 64, "env_kwargs": "{}"}))  # the same flags: the spaces said
+    with pytest.raises(CheckpointError, match=r"with spaces .* which do not match simple_spread_v3 with"):
+        load_checkpoint(path, "mappo", ARGS, {"agent": [3, [18], True, 5], "state_shape": [54]}, ("hidden_size",))
+
+
 def test_non_finite_weights_are_never_written(tmp_path):
     path = tmp_path / "last.pt"
     save_checkpoint(str(path), checkpoint())
