@@ -276,8 +276,10 @@ def make_env(args, num_envs, seed, backend=None, vector=None):
     try:
         env = envs.make(args.env_id, num_envs, seed, vector=vector or args.vector, backend=backend or args.backend,
                         **env_kwargs(args))  # fmt: skip
-    except envs.UnknownEnvError:
-        if args.env_id in gym.registry:  # before the list of every multi-agent id
+    except envs.UnknownEnvError as e:
+        # a Gymnasium id, where the registry has no nearer guess (an LBF or RWARE package's own id is in Gymnasium's
+        # registry too, once the package is imported: the registry names ours)
+        if args.env_id in gym.registry and str(e).startswith("unknown env id"):
             raise ValueError(f"{args.env_id!r} is a single-agent Gymnasium id: train it with {SINGLE_AGENT_SCRIPTS}, "
                              f"not a multi-agent script") from None  # fmt: skip
         raise

@@ -128,6 +128,19 @@ def test_a_checkpoint_of_other_env_flags_names_them_not_the_spaces(tmp_path):
         load_checkpoint(path, "mappo", ARGS, {"agent": [3, [18], True, 5], "state_shape": [54]}, ("hidden_size",))
 
 
+def test_a_package_id_is_named_as_ours_even_once_the_package_registered_it_in_gymnasium():
+    """In CI's order lbforaging was imported first, its ids in Gymnasium's registry: the LBF key was called "a
+    single-agent Gymnasium id"."""
+    import gymnasium
+    import lbforaging  # noqa: F401  (registers Foraging-...-v3 in Gymnasium)
+
+    assert "Foraging-8x8-2p-2f-coop-v3" in gymnasium.registry
+    with pytest.raises(ValueError, match="names the task without its version: 'Foraging-8x8-2p-2f-coop'"):
+        make_env(MultiAgentArgs(env_id="Foraging-8x8-2p-2f-coop-v3"), 1, 0)
+    with pytest.raises(ValueError, match="'CartPole-v1' is a single-agent Gymnasium id: train it with algos/ppo.py"):
+        make_env(MultiAgentArgs(env_id="CartPole-v1"), 1, 0)
+
+
 def test_non_finite_weights_are_never_written(tmp_path):
     path = tmp_path / "last.pt"
     save_checkpoint(str(path), checkpoint())
