@@ -29,6 +29,9 @@ fixed episodes at the seed's end (<run dir>/kept_evals.json): what the seed scor
 Commands may split the seeds between them (`--seeds 0,1` and `--seeds 2,`), side by side: each seed's directory is
 locked while it trains (the lock results/run.py's sweeps take), a seed held by another command is skipped with a line,
 and the row each command writes at its end holds every finished seed of the task and config.
+
+A setting other than EPyMARL's own, a shorter budget say, is a row of its own: `--variant 5m` writes
+`<config>-epymarl-5m.json` from runs of its own folder, as results/run.py's `--variant` does for our scripts.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from collect import (
     run_dir_for,
 )
 from make_readme import team_size
-from run import claim, failure_reason, parse_seeds, probe_hardware, probe_versions, utc_now
+from run import claim, failure_reason, parse_seeds, probe_hardware, probe_versions, utc_now, variant_name
 
 ROOT = RESULTS_DIR.parent
 # EPyMARL's gymma env by the package's registered id, and the benchmark's time limit: per registry family
@@ -258,6 +261,11 @@ def wait_passing_on_signals(proc: subprocess.Popen) -> int:
     return code
 
 
+def row_label(args) -> str:
+    """The row's name, and its runs' folder: <config>-epymarl, or <config>-epymarl-<variant>."""
+    return f"{args.config}-epymarl" + (f"-{args.variant}" if args.variant else "")
+
+
 def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
     """One seed: EPyMARL trains (or resumes) and saves its agent, we play it on the fixed episodes and write the run
     directory. Raises Stopped when a signal stopped it, RuntimeError when EPyMARL failed."""
@@ -281,7 +289,7 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
         argv += [f"checkpoint_path={folder.parent}", f"load_step={step}"]
         print(f"     resuming from EPyMARL's save at step {step:,}", flush=True)
     env = os.environ | {"PYTHONPATH": str(args.stubs), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    record = dict(env_id=args.env_id, algo=f"{args.config}-epymarl", seed=seed, total_timesteps=args.total_timesteps,
+    record = dict(env_id=args.env_id, algo=row_label(args), seed=seed, total_timesteps=args.total_timesteps,
                   command=f"{sweep_command} --seeds {seed},", sweep_command=sweep_command,
                   epymarl_command=shlex.join(argv), commit=git_commit(), hardware=probe_hardware(),
                   versions=probe_versions(), start=utc_now())  # fmt: skip
@@ -351,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             "episodes at the seed's end (<run dir>/kept_evals.json: the seed at shorter budgets; the row stays the "
             "final policy's)")  # fmt: skip
     parser.add_argument("--keep-every", type=int, default=None, help=keep)
+    variant = "label of a setting not EPyMARL's own (a shorter --total-timesteps, say): row <config>-epymarl-<variant>"
+    parser.add_argument("--variant", type=variant_name, default="", help=variant)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
     args = parser.parse_args(argv)
     try:
@@ -366,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--total-timesteps, --eval-interval, --eval-episodes, --save-interval and --keep-every must be "
                      "positive")  # fmt: skip
     args.stubs = args.stubs or args.epymarl / "stubs"
-    algo = f"{args.config}-epymarl"
+    algo = row_label(args)
     sweep_command = shlex.join(["python", "results/epymarl_peer.py", *(argv if argv is not None else sys.argv[1:])])
     for seed in args.seeds:
         run_dir = run_dir_for(args.out, args.env_id, algo, seed)

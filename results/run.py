@@ -276,6 +276,13 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def variant_name(text: str) -> str:
+    """--variant's label, which names the result file <env>/<algo>-<variant>.json: letters, digits, '-' and '_'."""
+    if text and not text.replace("_", "").replace("-", "").isalnum():
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: use letters, digits, '-' and '_' only (it names files)")
+    return text
+
+
 # The flags run.py gives every run itself, and what to do instead of passing them in --extra.
 OWN_FLAGS = {
     "--env-id": "use run.py's --envs",
@@ -688,6 +695,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--variant",
+        type=variant_name,
         default="",
         help="label of a non-default configuration: results go to <env>/<algo>-<variant>.json (e.g. 'continuous')",
     )
@@ -710,8 +718,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(joined_extra(sys.argv[1:] if argv is None else argv))
     if args.total_timesteps < 1:
         parser.error("--total-timesteps must be >= 1")
-    if args.variant and not args.variant.replace("_", "").replace("-", "").isalnum():
-        parser.error(f"--variant {args.variant!r}: use letters, digits, '-' and '_' only (it names files)")
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: must be >= 1 (without it: one run per CPU)")
     if args.threads_per_run is not None and args.threads_per_run < 1:

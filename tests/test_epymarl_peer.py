@@ -107,6 +107,7 @@ def test_sacreds_metrics_are_read_as_logged():
         (["--env-id", "rware-tiny-2ag", "--seeds", "0"], "a count N needs N >= 1"),
         (["--env-id", "rware-tiny-2ag", "--eval-interval", "0"], "must be positive"),
         (["--env-id", "rware-tiny-2ag", "--keep-every", "0"], "and --keep-every must be positive"),
+        (["--env-id", "rware-tiny-2ag", "--variant", "5m/x"], "use letters, digits, '-' and '_' only"),
     ],
 )
 def test_bad_flags_get_one_line(tmp_path, capsys, flags, says):
@@ -190,6 +191,23 @@ def test_a_peer_run_is_played_on_our_episodes_and_collected_as_a_row(tmp_path, m
     run_dir = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl" / "seed1"
     assert collect.read_json(run_dir / "final_eval.json")["global_step"] == 1050  # the agent saved last
     assert epymarl_peer.main(flags) == 0  # finished seeds are skipped, the row written again
+
+
+def test_a_variant_is_a_row_of_its_own_beside_the_configs_row(tmp_path, monkeypatch):
+    import collect
+
+    epymarl = fake_epymarl(tmp_path, monkeypatch)
+    out = tmp_path / "results"
+    flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop", "--seeds",
+             "0,", "--eval-interval", "500", "--out", str(out)]  # fmt: skip
+    assert epymarl_peer.main(flags + ["--total-timesteps", "1000"]) == 0
+    assert epymarl_peer.main(flags + ["--total-timesteps", "500", "--variant", "short"]) == 0
+    task = out / "Foraging-8x8-2p-2f-coop"
+    full, short = (collect.read_json(task / f"qmix-epymarl{v}.json") for v in ("", "-short"))
+    assert (full["algo"], full["total_timesteps"]) == ("qmix-epymarl", 1000)
+    assert (short["algo"], short["total_timesteps"]) == ("qmix-epymarl-short", 500)  # its own runs, not the 1000's
+    assert short["per_seed"][0]["evaluations"]["steps"] == [50, 550]
+    assert (out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl-short" / "seed0" / "final_eval.json").is_file()
 
 
 def test_a_failed_epymarl_run_is_said_with_the_exception_it_ended_on(tmp_path, monkeypatch, capsys):
