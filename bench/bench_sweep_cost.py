@@ -99,7 +99,7 @@ def main():
     algos, env_ids = args.algos.split(","), args.envs.split(",")
     if unknown := [a for a in algos if not (ROOT / "algos" / f"{a}.py").is_file()]:
         parser.error(f"no script algos/<name>.py for {', '.join(unknown)}")
-    if unknown := [reason for e in env_ids if (reason := envs.unknown_id(e))]:
+    if unknown := [str(error) for e in env_ids if (error := envs.unknown_id(e))]:
         parser.error(f"--envs: {'; '.join(unknown)}")
     if args.eval_timing_episodes < 1 or args.eval_per_run < 0:
         parser.error("--eval-timing-episodes must be at least 1 and --eval-per-run at least 0 (0: no evaluation)")

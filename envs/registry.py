@@ -37,7 +37,13 @@ from envs.relations import declare_entities
 
 
 class UnknownEnvError(ValueError):
-    """The env id is neither a registered id nor a `module:function` path."""
+    """The env id is neither a registered id nor a `module:function` path. `near_miss`: the message names the one
+    id meant (a package's versioned Gymnasium id, an LBF or RWARE task out of the packages' range) instead of listing
+    the known ones, so a caller that would add its own guess (a Gymnasium id?) has none to add."""
+
+    def __init__(self, message: str, near_miss: bool = False):
+        super().__init__(message)
+        self.near_miss = near_miss
 
 
 class EnvArgumentError(ValueError):
@@ -124,23 +130,23 @@ def lookup(env_id: str) -> EnvEntry | None:
             try:
                 module.task_kwargs(env_id)
             except ValueError as err:
-                raise UnknownEnvError(str(err)) from None
+                raise UnknownEnvError(str(err), near_miss=True) from None
             return EnvEntry(family, module.__name__, state_from_obs=True, task=env_id)
     return None
 
 
-def unknown_id(env_id: str) -> str | None:
-    """Why `make` would refuse `env_id` as an id, in one line, for checking a flag before anything is built (a typo
-    in --env-id): None for a registered id, an LBF or RWARE task the packages build, or a "package.module:function"
-    path (imported when built)."""
+def unknown_id(env_id: str) -> UnknownEnvError | None:
+    """The error `make` would raise for `env_id` as an id, its message one line, for checking a flag before anything
+    is built (a typo in --env-id): None for a registered id, an LBF or RWARE task the packages build, or a
+    "package.module:function" path (imported when built)."""
     if ":" in env_id:
         return None
     try:
         found = lookup(env_id)
     except UnknownEnvError as err:  # an LBF or RWARE name outside the packages' range: it says what they build
-        return str(err)
+        return err
     if found is None:
-        return _package_id_hint(env_id) or f"{env_id!r} is not an env id of envs.make (envs.known_ids())"
+        return _unknown_id_error(env_id, f"{env_id!r} is not an env id of envs.make (envs.known_ids())")
     return None
 
 
@@ -159,14 +165,20 @@ def _package_id_hint(env_id: str) -> str | None:
     return f"{env_id!r} is the package's Gymnasium id; envs.make names the task without its version: {base!r}"
 
 
-def _unknown_id_message(env_id: str) -> str:
+def _unknown_id_error(env_id: str, plain: str | None = None) -> UnknownEnvError:
+    """make's error for an id it does not know: the package's versioned id named as ours (a near miss), else
+    `plain`, by default every known id by family."""
+    if hint := _package_id_hint(env_id):
+        return UnknownEnvError(hint, near_miss=True)
+    return UnknownEnvError(plain or _known_ids_listed(env_id))
+
+
+def _known_ids_listed(env_id: str) -> str:
     by_family: dict[str, list[str]] = {}
     for name, entry in REGISTRY.items():
         by_family.setdefault(entry.family, []).append(name)
     for family, module in _TASK_FAMILIES.items():
         by_family[family].append(f"or any {module.GRAMMAR}")
-    if hint := _package_id_hint(env_id):
-        return hint
     lines = [f"unknown env id {env_id!r}. Known ids:"]
     lines += [f"  {family}: {', '.join(names)}" for family, names in by_family.items()]
     lines.append('  or any PettingZoo parallel env as "package.module:function", e.g. "mpe2.simple_v3:parallel_env"')
@@ -218,7 +230,7 @@ def build_parallel_env(env_id: str, **env_kwargs):
         return _build_from_path(env_id, env_kwargs)
     entry = lookup(env_id)
     if entry is None:
-        raise UnknownEnvError(_unknown_id_message(env_id))
+        raise _unknown_id_error(env_id)
     module = _import_env_module(entry.module, env_id)
     kwargs = {"render_mode": "rgb_array", **env_kwargs}
     accepted = _accepted_kwargs(module)
@@ -329,7 +341,7 @@ def _make(env_id, num_envs, seed, vector, backend, num_workers, **env_kwargs) ->
         raise ValueError(f"unknown vector mode {vector!r}: use 'sync' or 'subproc'")
     # Fail on a bad id before doing any work, with the same message for both vector modes.
     if ":" not in env_id and entry is None:
-        raise UnknownEnvError(_unknown_id_message(env_id))
+        raise _unknown_id_error(env_id)
     state_from_obs = entry.state_from_obs if entry is not None else False
     factory = env_factory(env_id, **env_kwargs)
     runner = None

@@ -340,9 +340,8 @@ def unknown_envs(env_ids: list[str]) -> list[str]:
 
     unknown = []
     for env_id in env_ids:
-        if (reason := envs.unknown_id(env_id)) and env_id not in gymnasium.registry:
-            plain = reason.endswith("(envs.known_ids())")  # not a near miss that says what to type instead
-            unknown.append(f"{reason}, nor a Gymnasium id" if plain else reason)
+        if (error := envs.unknown_id(env_id)) and env_id not in gymnasium.registry:
+            unknown.append(str(error) if error.near_miss else f"{error}, nor a Gymnasium id")
     return unknown
 
 

@@ -279,7 +279,7 @@ def make_env(args, num_envs, seed, backend=None, vector=None):
     except envs.UnknownEnvError as e:
         # a Gymnasium id, where the registry has no nearer guess (an LBF or RWARE package's own id is in Gymnasium's
         # registry too, once the package is imported: the registry names ours)
-        if args.env_id in gym.registry and str(e).startswith("unknown env id"):
+        if args.env_id in gym.registry and not e.near_miss:
             raise ValueError(f"{args.env_id!r} is a single-agent Gymnasium id: train it with {SINGLE_AGENT_SCRIPTS}, "
                              f"not a multi-agent script") from None  # fmt: skip
         raise

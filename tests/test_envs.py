@@ -542,17 +542,25 @@ def test_unknown_id_says_in_one_line_why_an_id_would_be_refused_before_anything_
     for env_id in ("simple_spread_v3", "battle_v4", "Foraging-8x8-2p-2f-coop", "Foraging-6x6-2p-1f", "rware-tiny-2ag",
                    "mpe2.simple_v3:parallel_env"):  # fmt: skip
         assert envs.unknown_id(env_id) is None, env_id
-    assert envs.unknown_id("simple_sprad_v3") == "'simple_sprad_v3' is not an env id of envs.make (envs.known_ids())"
+    typo = envs.unknown_id("simple_sprad_v3")
+    assert str(typo) == "'simple_sprad_v3' is not an env id of envs.make (envs.known_ids())" and not typo.near_miss
     said = envs.unknown_id("Foraging-4x4-2p-1f")  # the LBF grammar, outside the package's range: what it builds
+    assert said.near_miss
+    said = str(said)
     assert said.startswith("'Foraging-4x4-2p-1f' is outside the Level-Based Foraging tasks here") and "S 5-19" in said
     with pytest.raises(envs.UnknownEnvError):
         envs.make("Foraging-4x4-2p-1f")  # the same id, refused by make too
     hint = "'rware-tiny-2ag-v2' is the package's Gymnasium id; envs.make names the task without its version: "
     hint += "'rware-tiny-2ag'"
-    assert envs.unknown_id("rware-tiny-2ag-v2") == hint  # EPyMARL's key, as its users type it
-    with pytest.raises(envs.UnknownEnvError, match="^" + re.escape(hint) + "$"):
+    versioned = envs.unknown_id("rware-tiny-2ag-v2")  # EPyMARL's key, as its users type it
+    assert str(versioned) == hint and versioned.near_miss
+    with pytest.raises(envs.UnknownEnvError, match="^" + re.escape(hint) + "$") as refused:
         envs.make("rware-tiny-2ag-v2")
-    assert envs.unknown_id("simple_spread_v3-v2").endswith("is not an env id of envs.make (envs.known_ids())")
+    assert refused.value.near_miss
+    with pytest.raises(envs.UnknownEnvError, match="^unknown env id 'simple_sprad_v3'. Known ids:") as refused:
+        envs.make("simple_sprad_v3")
+    assert not refused.value.near_miss
+    assert str(envs.unknown_id("simple_spread_v3-v2")).endswith("is not an env id of envs.make (envs.known_ids())")
 
 
 def test_wrong_env_arguments_are_clear():
