@@ -210,13 +210,15 @@ def keep_saves(run_dir: Path, every: int) -> list[int]:
     <run dir>/kept/<t_env>/, out of newest_save_only's reach, and return the kept steps: the seed's policy at shorter
     budgets, from the one run. Called before each resume and at the end, so every save EPyMARL wrote is seen."""
     kept = run_dir / KEPT
-    spans = {int(p.name) // every for p in kept.glob("*") if (p / "agent.th").is_file()}
+    steps = {int(agent.parent.name) for agent in kept.glob("*/agent.th")}
+    spans = {step // every for step in steps}
     for step, folder in saves(run_dir):
         if step // every not in spans:
             (kept / str(step)).mkdir(parents=True, exist_ok=True)
             shutil.copy2(folder / "agent.th", kept / str(step) / "agent.th")
+            steps.add(step)
             spans.add(step // every)
-    return sorted(int(p.name) for p in kept.glob("*") if (p / "agent.th").is_file())
+    return sorted(steps)
 
 
 def final_agent(run_dir: Path) -> tuple[Path, int]:
