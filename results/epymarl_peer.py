@@ -31,7 +31,10 @@ locked while it trains (the lock results/run.py's sweeps take), a seed held by a
 and the row each command writes at its end holds every finished seed of the task and config.
 
 A setting other than EPyMARL's own, a shorter budget say, is a row of its own: `--variant 5m` writes
-`<config>-epymarl-5m.json` from runs of its own folder, as results/run.py's `--variant` does for our scripts.
+`<config>-epymarl-5m.json` from runs of its own folder, as results/run.py's `--variant` does for our scripts. A longer
+row can go on from a shorter one's finished seeds (`--extend mappo-epymarl-5m`): each seed starts from that row's last
+save (EPyMARL's MAPPO has no schedule tied to t_max, so this is the run it would have been), and its row joins the
+shorter row's tests and wall time to its own.
 """
 
 from __future__ import annotations
@@ -268,6 +271,30 @@ def row_label(args) -> str:
     return f"{args.config}-epymarl" + (f"-{args.variant}" if args.variant else "")
 
 
+def extend_from(args, seed: int, run_dir: Path) -> Path | None:
+    """--extend: the shorter row's run directory of this seed (None without the flag). A seed not started yet gets
+    that run's last save (the launcher's state with it) and its kept agents, so that EPyMARL goes on from its end.
+    Raises RuntimeError when that seed is not finished, ran another config or as long."""
+    if not args.extend:
+        return None
+    source = run_dir_for(args.out, args.env_id, args.extend, seed)
+    record = read_json(source / RECORD_NAME) or {}
+    if not is_finished(source) or record.get("algo") != args.extend:
+        raise RuntimeError(f"--extend {args.extend}: seed {seed} has no finished run there ({source}); finish it first")
+    if (ran := (read_json(source / CONFIG_NAME) or {}).get("epymarl_config")) != args.config:
+        raise RuntimeError(f"--extend {args.extend}: seed {seed} ran EPyMARL's {ran}, not --config {args.config}")
+    if record.get("total_timesteps", 0) >= args.total_timesteps:
+        raise RuntimeError(f"--extend {args.extend}: seed {seed} ran {record.get('total_timesteps'):,} steps, as many "
+                           f"as --total-timesteps {args.total_timesteps:,} or more: nothing to extend")  # fmt: skip
+    if not saves(run_dir):
+        step, folder = saves(source)[-1]
+        shutil.copytree(folder, run_dir / "epymarl" / "models" / folder.parent.name / str(step))
+        if (source / KEPT).is_dir():
+            shutil.copytree(source / KEPT, run_dir / KEPT, dirs_exist_ok=True)
+        print(f"     extending {args.extend}'s seed {seed} from its last save, at step {step:,}", flush=True)
+    return source
+
+
 def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
     """One seed: EPyMARL trains (or resumes) and saves its agent, we play it on the fixed episodes and write the run
     directory. Raises Stopped when a signal stopped it, RuntimeError when EPyMARL failed."""
@@ -283,6 +310,7 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
             "use_cuda=False", f"test_interval={args.eval_interval}", f"test_nepisode={args.eval_episodes}",
             "save_model=True", f"save_model_interval={args.save_interval}",
             f"local_results_path={results_path}"]  # fmt: skip
+    source = extend_from(args, seed, run_dir)
     if args.keep_every:
         keep_saves(run_dir, args.keep_every)
     resume = newest_save_only(run_dir)
@@ -308,6 +336,8 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
         (run_dir / RECORD_NAME).write_text(json.dumps(record, indent=2))
         raise RuntimeError(record["error"])
     chain = sacred_segments(args.epymarl, args.config, key, seed, results_path)
+    if source is not None:  # the shorter row's segments come first
+        chain = sacred_segments(args.epymarl, args.config, key, seed, source.resolve() / "epymarl") + chain
     if not chain or chain[-1]["status"] != "COMPLETED":
         sacred = args.epymarl / "results" / "sacred" / args.config / key
         raise RuntimeError(f"no completed sacred run of seed {seed} under {sacred}")
@@ -335,7 +365,7 @@ def train_seed(args, seed: int, run_dir: Path, sweep_command: str) -> None:
     config = {k: v for k, v in cfg.items() if k not in PER_SEED_CONFIG}
     config = dict(env_id=args.env_id, seed=seed, total_timesteps=args.total_timesteps, run_dir=str(run_dir),
                   epymarl_config=args.config, eval_interval=args.eval_interval, eval_episodes=args.eval_episodes,
-                  final_eval_episodes=FINAL_EPISODES, epymarl=config)  # fmt: skip
+                  final_eval_episodes=FINAL_EPISODES, extends=args.extend, epymarl=config)  # fmt: skip
     (run_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2, default=str))
     segments = [dict(sacred_run=str(c["dir"]), from_step=c["from_step"], status=c["status"], wall_time_s=c["wall_s"])
                 for c in chain]  # fmt: skip
@@ -363,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-every", type=int, default=None, help=keep)
     variant = "label of a setting not EPyMARL's own (a shorter --total-timesteps, say): row <config>-epymarl-<variant>"
     parser.add_argument("--variant", type=variant_name, default="", help=variant)
+    extend = ("a shorter row of the same config (mappo-epymarl-5m): each seed starts from that row's last save of it, "
+              "finished, and this row holds its tests and time too")  # fmt: skip
+    parser.add_argument("--extend", default=None, metavar="ROW", help=extend)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
     args = parser.parse_args(argv)
     try:
@@ -377,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(counts + ([] if args.keep_every is None else [args.keep_every])) < 1:
         parser.error("--total-timesteps, --eval-interval, --eval-episodes, --save-interval and --keep-every must be "
                      "positive")  # fmt: skip
+    if args.extend == row_label(args):
+        parser.error(f"--extend {args.extend}: that is this row; name the shorter row (give this one a --variant)")
     args.stubs = args.stubs or args.epymarl / "stubs"
     algo = row_label(args)
     sweep_command = shlex.join(["python", "results/epymarl_peer.py", *(argv if argv is not None else sys.argv[1:])])

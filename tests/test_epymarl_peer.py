@@ -265,6 +265,37 @@ def test_a_stopped_seed_resumes_from_its_save_and_its_row_joins_the_segments(tmp
     assert collect.read_json(run_dir / "final_eval.json")["global_step"] == 1050
 
 
+def test_a_longer_row_goes_on_from_a_shorter_rows_last_save_and_joins_its_segments(tmp_path, monkeypatch, capsys):
+    """--extend: seed 0 of a 1000-step row starts from the 500-step row's save at its end, not from step 0; the
+    row's tests and segments are the shorter row's and then its own, as if it had never stopped."""
+    import collect
+
+    epymarl = fake_epymarl(tmp_path, monkeypatch)
+    out = tmp_path / "results"
+    flags = ["--epymarl", str(epymarl), "--python", sys.executable, "--env-id", "Foraging-8x8-2p-2f-coop", "--seeds",
+             "0,", "--eval-interval", "500", "--out", str(out)]  # fmt: skip
+    longer = flags + ["--total-timesteps", "1000", "--extend", "qmix-epymarl-short"]
+    assert epymarl_peer.main(longer) == 1  # nothing to go on from yet
+    assert "--extend qmix-epymarl-short: seed 0 has no finished run there" in capsys.readouterr().err
+    assert epymarl_peer.main(flags + ["--total-timesteps", "500", "--variant", "short"]) == 0  # ends saved at 550
+    assert epymarl_peer.main(longer) == 0  # the fake checks that it was handed the save at 550, and it alone
+    assert "extending qmix-epymarl-short's seed 0 from its last save, at step 550" in capsys.readouterr().out
+    (entry,) = collect.read_json(out / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl.json")["per_seed"]
+    assert entry["evaluations"] == {"steps": [50, 550, 1050], "returns": [0.0, 0.05, 0.1]}
+    run_dir = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl" / "seed0"
+    record = collect.read_json(run_dir / epymarl_peer.RECORD_NAME)
+    assert [(s["from_step"], s["status"]) for s in record["segments"]] == [(0, "COMPLETED"), (550, "COMPLETED")]
+    assert collect.read_json(run_dir / "config.json")["extends"] == "qmix-epymarl-short"
+    shorter = out / "runs" / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl-short" / "seed0"
+    assert collect.is_finished(shorter) and [t for t, _ in epymarl_peer.saves(shorter)] == [0, 550]  # left as it was
+    again = flags + ["--total-timesteps", "500", "--variant", "x", "--extend"]
+    assert epymarl_peer.main(again + ["qmix-epymarl-short"]) == 1
+    assert "ran 500 steps, as many as --total-timesteps 500 or more: nothing to extend" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        epymarl_peer.main(again + ["qmix-epymarl-x"])
+    assert "--extend qmix-epymarl-x: that is this row" in capsys.readouterr().err
+
+
 def test_keep_every_keeps_a_save_in_each_span_through_resumes_and_plays_each_at_the_end(tmp_path, monkeypatch):
     """A resume removes every save but the newest (newest_save_only): --keep-every keeps the first save of each span
     of steps out of its reach, and the seed's end plays each kept agent on the fixed episodes (kept_evals.json)."""
