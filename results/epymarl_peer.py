@@ -266,6 +266,13 @@ def wait_passing_on_signals(proc: subprocess.Popen) -> int:
     return code
 
 
+def row_name(text: str) -> str:
+    """--extend's row: a result's label (mappo-epymarl-5m), which names its runs' folder."""
+    if not text or not text.replace("_", "").replace("-", "").isalnum():
+        raise argparse.ArgumentTypeError(f"--extend {text!r}: name a row, as <config>-epymarl-<variant>")
+    return text
+
+
 def row_label(args) -> str:
     """The row's name, and its runs' folder: <config>-epymarl, or <config>-epymarl-<variant>."""
     return f"{args.config}-epymarl" + (f"-{args.variant}" if args.variant else "")
@@ -395,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", type=variant_name, default="", help=variant)
     extend = ("a shorter row of the same config (mappo-epymarl-5m): each seed starts from that row's last save of it, "
               "finished, and this row holds its tests and time too")  # fmt: skip
-    parser.add_argument("--extend", default=None, metavar="ROW", help=extend)
+    parser.add_argument("--extend", type=row_name, default=None, metavar="ROW", help=extend)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results root (default results/)")
     args = parser.parse_args(argv)
     try:
@@ -404,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if not (args.epymarl / "src" / "main.py").is_file():
         parser.error(f"--epymarl {args.epymarl}: no src/main.py there; give a checkout of uoe-agents/epymarl")
+    if not (configs := args.epymarl / "src" / "config" / "algs" / f"{args.config}.yaml").is_file():
+        known = ", ".join(sorted(p.stem for p in configs.parent.glob("*.yaml")))
+        parser.error(f"--config {args.config}: EPyMARL has no {configs}; its configs: {known or 'none there'}")
     if not (args.python.is_file() and os.access(args.python, os.X_OK)):
         parser.error(f"--python {args.python}: not an executable interpreter (EPyMARL's own environment)")
     counts = [args.total_timesteps, args.eval_interval, args.eval_episodes, args.save_interval]

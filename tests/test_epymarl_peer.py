@@ -108,11 +108,16 @@ def test_sacreds_metrics_are_read_as_logged():
         (["--env-id", "rware-tiny-2ag", "--eval-interval", "0"], "must be positive"),
         (["--env-id", "rware-tiny-2ag", "--keep-every", "0"], "and --keep-every must be positive"),
         (["--env-id", "rware-tiny-2ag", "--variant", "5m/x"], "use letters, digits, '-' and '_' only"),
+        (["--env-id", "rware-tiny-2ag", "--extend", ""], "--extend '': name a row, as <config>-epymarl-<variant>"),
+        (["--env-id", "rware-tiny-2ag", "--extend", "../x"], "--extend '../x': name a row"),
+        (["--env-id", "rware-tiny-2ag", "--config", "qmx"], "--config qmx: EPyMARL has no "),
     ],
 )
 def test_bad_flags_get_one_line(tmp_path, capsys, flags, says):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "main.py").write_text("")
+    (tmp_path / "src" / "config" / "algs").mkdir(parents=True)
+    (tmp_path / "src" / "config" / "algs" / "qmix.yaml").write_text("")
     base = {"--epymarl": str(tmp_path), "--python": sys.executable, "--total-timesteps": "1000"}
     base |= dict(zip(flags[::2], flags[1::2], strict=True))
     with pytest.raises(SystemExit) as exit_:
@@ -167,6 +172,8 @@ def fake_epymarl(tmp_path: Path, monkeypatch) -> Path:
     epymarl = tmp_path / "epymarl"
     (epymarl / "src").mkdir(parents=True)
     (epymarl / "src" / "main.py").write_text(FAKE_MAIN)
+    (epymarl / "src" / "config" / "algs").mkdir(parents=True)
+    (epymarl / "src" / "config" / "algs" / "qmix.yaml").write_text("")  # the config the fake stands in for
     monkeypatch.setattr(epymarl_peer, "LAUNCHER", epymarl / "src" / "main.py")
     return epymarl
 
