@@ -70,7 +70,7 @@ from collect import (
     run_dir_for,
 )
 from make_readme import team_size
-from run import claim, failure_reason, parse_seeds, probe_hardware, probe_versions, utc_now, variant_name
+from run import claim, failure_reason, is_label, parse_seeds, probe_hardware, probe_versions, utc_now, variant_name
 
 ROOT = RESULTS_DIR.parent
 # EPyMARL's gymma env by the package's registered id, and the benchmark's time limit: per registry family
@@ -268,7 +268,7 @@ def wait_passing_on_signals(proc: subprocess.Popen) -> int:
 
 def row_name(text: str) -> str:
     """--extend's row: a result's label (mappo-epymarl-5m), which names its runs' folder."""
-    if not text or not text.replace("_", "").replace("-", "").isalnum():
+    if not is_label(text):
         raise argparse.ArgumentTypeError(f"--extend {text!r}: name a row, as <config>-epymarl-<variant>")
     return text
 

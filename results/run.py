@@ -276,9 +276,14 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def is_label(text: str) -> bool:
+    """A result's label or a part of one (it names files and folders): letters, digits, '-' and '_', one or more."""
+    return text.replace("_", "").replace("-", "").isalnum()
+
+
 def variant_name(text: str) -> str:
-    """--variant's label, which names the result file <env>/<algo>-<variant>.json: letters, digits, '-' and '_'."""
-    if text and not text.replace("_", "").replace("-", "").isalnum():
+    """--variant's label, which names the result file <env>/<algo>-<variant>.json ("" for none)."""
+    if text and not is_label(text):
         raise argparse.ArgumentTypeError(f"--variant {text!r}: use letters, digits, '-' and '_' only (it names files)")
     return text
 
