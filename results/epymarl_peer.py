@@ -286,7 +286,7 @@ def extend_from(args, seed: int, run_dir: Path) -> Path | None:
         return None
     source = run_dir_for(args.out, args.env_id, args.extend, seed)
     record = read_json(source / RECORD_NAME) or {}
-    if not is_finished(source) or record.get("algo") != args.extend:
+    if not is_finished(source):
         raise RuntimeError(f"--extend {args.extend}: seed {seed} has no finished run there ({source}); finish it first")
     if (ran := (read_json(source / CONFIG_NAME) or {}).get("epymarl_config")) != args.config:
         raise RuntimeError(f"--extend {args.extend}: seed {seed} ran EPyMARL's {ran}, not --config {args.config}")
