@@ -121,10 +121,11 @@ def flag_value(argv, name):
     return value
 
 
-def checkpoint_defaults(args_class, argv):
+def checkpoint_defaults(args_class, argv, algo: str | None = None):
     """With --resume DIR or --eval-checkpoint PATH on the command line: the flags that checkpoint was trained with,
     as defaults that the command line overrides. So `--resume DIR` alone continues the same run (budget included),
-    and `--eval-checkpoint PATH` alone rebuilds the networks it holds. None without either flag."""
+    and `--eval-checkpoint PATH` alone rebuilds the networks it holds. None without either flag. A checkpoint of
+    another script than `algo` is refused here, naming the script that reads it, before its flags build anything."""
     run_dir, path = flag_value(argv, "--resume"), flag_value(argv, "--eval-checkpoint")
     if run_dir is not None:
         if os.path.isfile(run_dir):  # its last.pt, say: the folder is meant
@@ -137,7 +138,12 @@ def checkpoint_defaults(args_class, argv):
             raise CheckpointError(f"--resume {run_dir}: it holds no last.pt to continue from (start a new run)")
     elif path is None or not os.path.isfile(path):
         return None  # no checkpoint, or one that does not exist: check_args names it
-    saved = read_checkpoint(path).get("args")
+    ckpt = read_checkpoint(path)
+    if algo is not None and isinstance(ckpt.get("algo"), str) and ckpt["algo"] != algo:
+        todo = "continue it" if run_dir else "play it"
+        raise CheckpointError(f"checkpoint {path} is not a {algo} checkpoint but a {ckpt['algo']} one: {todo} with "
+                              f"algos/{ckpt['algo']}.py")  # fmt: skip
+    saved = ckpt.get("args")
     if not isinstance(saved, dict):  # not one of ours, or damaged: the script's load names what is wrong
         return None
     given = next((v for name in ("--env-id", "--env_id", "--env") if (v := flag_value(argv, name))), None)
@@ -163,7 +169,7 @@ def cli(args_class, main):
     """Parse the flags and run `main(args)`; every expected failure ends in one `error:` line (exit 2), a stop
     request in one line (exit 130), never a traceback."""
     try:
-        defaults = checkpoint_defaults(args_class, sys.argv[1:])
+        defaults = checkpoint_defaults(args_class, sys.argv[1:], main.__globals__.get("ALGO"))  # the script's name
         args = tyro.cli(args_class, default=defaults) if defaults is not None else tyro.cli(args_class)
         main(args)
     except CheckpointPlayed:  # --eval-checkpoint: Run printed the checkpoint's returns

@@ -26,7 +26,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from buffers import ReplayBuffer
 from runtime import ArgumentError, CheckpointError, check_args, load_checkpoint, periodic_seed, save_checkpoint
-from runtime.args import MultiAgentArgs, make_env
+from runtime.args import MultiAgentArgs, checkpoint_defaults, make_env
 from runtime.checkpoint import write_whole
 from runtime.evaluation import FINAL_SEED, evaluate
 
@@ -112,6 +112,19 @@ def test_a_tampered_foreign_or_nan_checkpoint_gives_one_clear_error(tmp_path, ta
     with pytest.raises(CheckpointError, match=message) as e:
         load_checkpoint(path, "mappo", ARGS, {"agent": [3, [18], True, 5]}, ("hidden_size",))
     assert "\n" not in str(e.value) and "weights_only" not in str(e.value)
+
+
+def test_another_scripts_checkpoint_is_refused_naming_its_script_before_its_flags_build_anything(tmp_path):
+    """dqn.py --eval-checkpoint <a mappo checkpoint> took the checkpoint's env as its own and said "a multi-agent env
+    of envs.make, not a Gymnasium id" instead of whose checkpoint it was."""
+    path = str(tmp_path / "last.pt")
+    save_checkpoint(path, checkpoint(args={"total_timesteps": 1234, "env_id": "simple_spread_v3"}))
+    with pytest.raises(CheckpointError, match=rf"^checkpoint {re.escape(path)} is not a dqn checkpoint but a mappo "
+                                              r"one: play it with algos/mappo\.py$"):  # fmt: skip
+        checkpoint_defaults(MultiAgentArgs, ["--eval-checkpoint", path], "dqn")
+    with pytest.raises(CheckpointError, match=r"not a qmix checkpoint but a mappo one: continue it with algos/mappo"):
+        checkpoint_defaults(MultiAgentArgs, ["--resume", str(tmp_path)], "qmix")
+    assert checkpoint_defaults(MultiAgentArgs, ["--eval-checkpoint", path], "mappo").total_timesteps == 1234  # its own
 
 
 def test_a_checkpoint_of_other_env_flags_names_them_not_the_spaces(tmp_path):
