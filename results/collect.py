@@ -8,6 +8,7 @@ A sweep (``results/run.py``) leaves one directory per run::
         config.json               the resolved Args, written by the script
         events.out.tfevents.*     TensorBoard scalars keyed by global_step, written by the script
         final_eval.json           protocol v2: the final policy on the fixed 1000 episodes (runtime/evaluation.py)
+        kept_evals.json           optional: earlier saves of the seed on the same episodes (epymarl_peer --keep-every)
         DONE                      written by the script on success
 
 This module reads those directories (TensorBoard events through tensorboard's EventAccumulator),
@@ -43,6 +44,7 @@ RECORD_NAME = "run.json"
 LOG_NAME = "run.log"
 CONFIG_NAME = "config.json"
 FINAL_EVAL_NAME = "final_eval.json"
+KEPT_EVALS_NAME = "kept_evals.json"
 DONE_NAME = "DONE"
 
 # Logging keys (STYLE.md, "Logging keys"); x-axis is global_step.
@@ -89,6 +91,10 @@ PROTOCOL = {
         f"to {FINAL_EVAL_NAME}; per seed the mean and std over those episodes, across seeds the mean_std/iqm/ci95 "
         "statistics of the per-seed means. A result is 'v2' when every seed has it; 'v1' results (made before) "
         "have periodic evaluations that replayed the same episodes, and no final_policy"
+    ),
+    "kept_policies": (
+        f"optional, per seed: earlier saves of the seed played like the final policy, from its {KEPT_EVALS_NAME} "
+        "(results/epymarl_peer.py --keep-every): the seed at shorter budgets, one run; the row stays the final policy's"
     ),
     "sps": f"the last '{SPS_TAG}' value a seed logged (env steps per second)",
     "wall_time_s": "wall-clock seconds of a seed's script process, measured by results/run.py",
@@ -413,7 +419,25 @@ def seed_metrics(run_dir: Path) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
     }
     if (Path(run_dir) / FINAL_EVAL_NAME).exists():  # protocol v2: the final policy on the fixed episode set
         metrics["final_policy"] = read_final_eval(Path(run_dir) / FINAL_EVAL_NAME)
+    if (Path(run_dir) / KEPT_EVALS_NAME).exists():
+        metrics["kept_policies"] = read_kept_evals(Path(run_dir) / KEPT_EVALS_NAME)
     return metrics, (steps, values)
+
+
+def read_kept_evals(path: Path) -> dict:
+    """A run's kept_evals.json reduced to what a result keeps (episodes, and per kept save its step, mean and std);
+    one that is not a protocol v2 evaluation of numbered saves is an error, as read_final_eval's."""
+    kept = read_json(path)
+    evaluations = kept.get("evaluations") if isinstance(kept, dict) else None
+    number = (int, float)
+    if not (isinstance(kept, dict) and kept.get("protocol") == "v2" and isinstance(kept.get("episodes"), int)
+            and isinstance(evaluations, list) and all(isinstance(e, dict) and isinstance(e.get("global_step"), int)
+                                                      and all(isinstance(e.get(k), number) for k in ("mean", "std"))
+                                                      for e in evaluations)):  # fmt: skip
+        raise CollectError(f"{path}: not a protocol v2 evaluation of kept saves (protocol, episodes, and per save "
+                           f"global_step, mean and std)")  # fmt: skip
+    return {"episodes": kept["episodes"],
+            "evaluations": [{k: e[k] for k in ("global_step", "mean", "std")} for e in evaluations]}  # fmt: skip
 
 
 def read_final_eval(path: Path) -> dict:
@@ -681,6 +705,7 @@ RESULT_SCHEMA = {
             "sps": OPT_NUMBER,
             "log": Optional_(str),
             "final_policy?": {"mean": NUMBER, "std": NUMBER, "episodes": int, "protocol": str, "per_group": AnyDict()},
+            "kept_policies?": {"episodes": int, "evaluations": [{"global_step": int, "mean": NUMBER, "std": NUMBER}]},
         }
     ],
     "evaluation_protocol?": str,

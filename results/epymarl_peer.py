@@ -58,6 +58,7 @@ from collect import (
     CONFIG_NAME,
     EVAL_TAG,
     FINAL_EVAL_NAME,
+    KEPT_EVALS_NAME,
     LOG_NAME,
     RECORD_NAME,
     RESULTS_DIR,
@@ -80,7 +81,6 @@ PER_SEED_CONFIG = {"seed", "local_results_path", "unique_token", "checkpoint_pat
 LAUNCHER = Path(__file__).resolve().with_name("epymarl_launch.py")
 STOPPED = 75  # epymarl_launch.py's exit status after a signal and its save
 KEPT = "kept"  # <run dir>/kept/<t_env>/agent.th: the agents --keep-every keeps from EPyMARL's saves
-KEPT_EVALS_NAME = "kept_evals.json"  # each kept agent on protocol v2's fixed episodes, written at the seed's end
 
 
 class Stopped(Exception):

@@ -331,6 +331,12 @@ def test_keep_every_keeps_a_save_in_each_span_through_resumes_and_plays_each_at_
     final = collect.read_json(run_dir / "final_eval.json")  # the last kept agent is the final one: the same returns
     assert kept["evaluations"][-1]["mean"] == final["mean"] and final["global_step"] == 1050
     assert epymarl_peer.keep_saves(run_dir, 400) == [0, 500, 1050]  # kept once: calling it again adds nothing
+    row = collect.read_json(out / "Foraging-8x8-2p-2f-coop" / "qmix-epymarl.json")  # the row keeps them: the runs go
+    collect.check_result(row)
+    assert row["per_seed"][0]["kept_policies"] == {"episodes": 20, "evaluations": kept["evaluations"]}
+    (run_dir / collect.KEPT_EVALS_NAME).write_text('{"protocol": "v2", "episodes": 20, "evaluations": [{"mean": 1}]}')
+    with pytest.raises(collect.CollectError, match="kept_evals.json: not a protocol v2 evaluation of kept saves"):
+        collect.seed_metrics(run_dir)
 
 
 def test_segments_chain_in_the_order_they_ran_and_a_restart_replaces_what_it_repeats(tmp_path):
