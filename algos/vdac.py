@@ -37,8 +37,9 @@ class Args(MultiAgentArgs):  # --env-id, --seed, --total-timesteps, --num-envs, 
     """'sum' (VDAC-sum: V_tot = sum of the local V_a) or 'mix' (VDAC-mix: a monotonic mix conditioned on the state)"""
     learning_rate: float = 7e-4
     """Adam learning rate of actors, local critics and mixer"""
-    anneal_lr: bool = True
-    """linear learning-rate decay to 0"""
+    anneal_lr: bool = False
+    """linear learning-rate decay to 0 (off, like VDAC's own code and mappo.py: equal or better on every cooperative
+    MPE task without it, results/mpe_matrix.md)"""
     num_steps: int = 25
     """steps per env per rollout"""
     gamma: float = 0.95
