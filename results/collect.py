@@ -429,11 +429,14 @@ def read_kept_evals(path: Path) -> dict:
     one that is not a protocol v2 evaluation of numbered saves is an error, as read_final_eval's."""
     kept = read_json(path)
     evaluations = kept.get("evaluations") if isinstance(kept, dict) else None
-    number = (int, float)
+
+    def a_save(e) -> bool:  # {"global_step": int, "mean": number, "std": number}
+        if not (isinstance(e, dict) and isinstance(e.get("global_step"), int)):
+            return False
+        return all(isinstance(e.get(k), (int, float)) for k in ("mean", "std"))
+
     if not (isinstance(kept, dict) and kept.get("protocol") == "v2" and isinstance(kept.get("episodes"), int)
-            and isinstance(evaluations, list) and all(isinstance(e, dict) and isinstance(e.get("global_step"), int)
-                                                      and all(isinstance(e.get(k), number) for k in ("mean", "std"))
-                                                      for e in evaluations)):  # fmt: skip
+            and isinstance(evaluations, list) and all(a_save(e) for e in evaluations)):  # fmt: skip
         raise CollectError(f"{path}: not a protocol v2 evaluation of kept saves (protocol, episodes, and per save "
                            f"global_step, mean and std)")  # fmt: skip
     return {"episodes": kept["episodes"],
